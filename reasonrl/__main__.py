@@ -1,0 +1,5 @@
+import sys
+
+from reasonrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""KL divergence estimators between the policy and a reference model, per token.
+
+All take `logp` (policy) and `ref_logp` (reference) log-probabilities of the sampled
+tokens, shape [..., T], and return a per-token estimate of KL(pi || pi_ref) with the
+same shape. Names and formulas follow John Schulman, "Approximating KL Divergence"
+(2020), with r = pi_ref / pi:
+- k1 = -log r = logp - ref_logp (unbiased, high variance, can be negative);
+- k2 = (log r)^2 / 2 (biased, low variance, always >= 0);
+- k3 = (r - 1) - log r (unbiased, low variance, always >= 0); the estimator GRPO puts
+  in its loss (Shao et al. 2024, DeepSeekMath eq. 4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = logp - ref_logp (Schulman 2020)."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = 0.5 * (logp - ref_logp)^2 (Schulman 2020)."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 (Schulman 2020; DeepSeekMath eq. 4)."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    if estimator == "k1":
+        return kl_k1(logp, ref_logp)
+    if estimator == "k2":
+        return kl_k2(logp, ref_logp)
+    if estimator == "k3":
+        return kl_k3(logp, ref_logp)
+    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+
+
+def kl_penalised_rewards(rewards: torch.Tensor, kl_per_token: torch.Tensor, mask: torch.Tensor,
+                         beta: float) -> torch.Tensor:
+    """r_i - beta * sum_t KL_t: the KL-in-reward form (PPO-RLHF, Ouyang et al. 2022;
+    used by Transparent GRPO with k1), summed over the completion's valid tokens."""
+    return rewards - beta * (kl_per_token * mask).sum(-1)

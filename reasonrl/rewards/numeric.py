@@ -1,0 +1,103 @@
+"""Numeric correctness: does the model's final answer equal the ground-truth number?
+
+Answers are compared as floats after normalising the ways people (and models) write
+numbers: "$1,000", "1000.", "\\frac{1}{2}", "x = 5", "18 dollars". Strings are parsed with
+linear-time regexes and string ops only; model output is never evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from reasonrl.rewards.extract import extract_answer
+
+_TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_FRAC_DIGITS_RE = re.compile(r"\\[dt]?frac(\d)(\d)")  # \frac12
+# Removed outright: currency, percent, LaTeX spacing and degree marks.
+_DROP = ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\ ", "^{\\circ}", "^\\circ", "~")
+_NUM = r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_VALUE_RE = re.compile(rf"({_NUM})(?:\s*/\s*({_NUM}))?")
+_UNIT_CHARS = frozenset(".,'/()-")
+
+
+class GroundTruthError(ValueError):
+    """The ground truth does not parse as a number: a data bug, not a model error.
+
+    A subclass of ValueError so `score` can let it through while still catching (and
+    counting) every other exception a reward component raises.
+    """
+
+
+def _is_units(rest: str) -> bool:
+    """True for trailing words like "dollars" or "km/h" that follow a number.
+
+    Trailing text with digits or operators ("+ 3", "m^2") is not units: it changes the
+    value, so the answer is treated as unparseable rather than guessed at.
+    """
+    if not rest:
+        return True
+    if not rest[0].isalpha():
+        return False
+    return all(c.isalpha() or c.isspace() or c in _UNIT_CHARS for c in rest)
+
+
+def _normalise(s: str) -> str:
+    """Strip the decoration around a number: `\\text{}`, `$`, `%`, `x =`, a final period."""
+    s = s.replace("\u2212", "-").replace("{,}", ",")  # unicode minus, LaTeX "1{,}000"
+    s = _TEXT_RE.sub(r"\1", s)
+    for token in _DROP:
+        s = s.replace(token, "")
+    s = s.rsplit("=", 1)[-1]  # "x = 5": the right-hand side of the final `=`
+    s = _FRAC_RE.sub(r"\1/\2", s)
+    s = _FRAC_DIGITS_RE.sub(r"\1/\2", s)
+    return s.strip().rstrip(".").strip()
+
+
+def _to_float(num: str) -> float:
+    return float(num.replace(",", ""))
+
+
+def parse_number(s: str) -> float | None:
+    """Parse an answer string to a float, or None if it is not a single number. Never raises.
+
+    Accepts "1,234.5", "$18", "50\\%", "18 dollars", "5 apples.", "\\frac{1}{2}", "3/4",
+    "+5", ".5", "x = 5", "\\text{5}". Rejects words only, empty strings, division by zero,
+    non-finite values, and numbers followed by more maths ("5 + 3").
+    """
+    if not isinstance(s, str):
+        return None
+    try:
+        s = _normalise(s)
+        m = _VALUE_RE.match(s)
+        if m is None or not _is_units(s[m.end():].strip()):
+            return None
+        value = _to_float(m.group(1))
+        if m.group(2) is not None:
+            denominator = _to_float(m.group(2))
+            if denominator == 0:
+                return None
+            value /= denominator
+    except (ValueError, ArithmeticError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def numbers_equal(a: float, b: float, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
+    """Float equality with tolerance, so "0.1 + 0.2"-style rounding and "18.0" vs 18 agree."""
+    return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def numeric_reward(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
+    """1.0 if the completion's extracted answer equals the ground-truth number, else 0.0.
+
+    The ground truth is parsed first and must parse: if it does not, GroundTruthError (a
+    ValueError) is raised, because a silent 0 would look like the model failing.
+    """
+    truth = parse_number(ground_truth)
+    if truth is None:
+        raise GroundTruthError(f"ground truth {ground_truth!r} does not parse as a number")
+    answer, _ = extract_answer(completion, fallback_last_number)
+    value = parse_number(answer) if answer is not None else None
+    return 1.0 if value is not None and numbers_equal(value, truth) else 0.0

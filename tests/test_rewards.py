@@ -1,0 +1,327 @@
+"""Tests for reasonrl.rewards: answer extraction, number parsing, format and weighted scores."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import reasonrl.rewards as rewards
+from reasonrl.rewards import (
+    REWARD_COMPONENTS,
+    RewardResult,
+    answer_present_reward,
+    boxed_format_reward,
+    extract_answer,
+    extract_answer_tag,
+    extract_boxed,
+    extract_last_number,
+    make_reward_fn,
+    numbers_equal,
+    numeric_reward,
+    parse_number,
+    score,
+    think_answer_format_reward,
+)
+
+# ---------------------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"so \boxed{42}", "42"),
+    (r"\boxed{ 42 }", "42"),
+    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+    (r"\boxed{\sqrt{\frac{1}{2}}} done", r"\sqrt{\frac{1}{2}}"),
+    (r"\boxed{1} then \boxed{2}", "2"),  # last wins
+    (r"\boxed{1} then \boxed{2", "1"),  # unclosed last one is skipped
+    (r"\boxed{2", None),
+    (r"\boxed{\frac{1}{2}", None),
+    (r"\fbox{7}", "7"),
+    (r"$\boxed 5$", "5"),
+    (r"\boxed {9}", "9"),
+    (r"\boxed{\boxed{1}}", "1"),
+    (r"\boxed{}", ""),
+    ("no box here", None),
+    ("", None),
+])
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<answer>18</answer>", "18"),
+    ("<answer>\n  18 \n</answer>", "18"),
+    ("<answer>1</answer> and <answer>2</answer>", "2"),
+    ("<ANSWER>3</Answer>", "3"),
+    ("<answer>1</answer> <answer>2", "1"),  # unclosed last tag: earlier pair
+    ("<answer>a</answer></answer>", "a"),
+    ("<answer>multi\nline</answer>", "multi\nline"),
+    ("<answer>18", None),
+    ("18</answer>", None),
+    ("</answer><answer>", None),
+    ("nothing", None),
+])
+def test_extract_answer_tag(text: str, expected: str | None) -> None:
+    assert extract_answer_tag(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("I have 3 apples and 5 pears", "5"),
+    ("total: -1,234.5 dollars", "-1,234.5"),
+    ("costs $1,000.", "1,000"),
+    ("half is 3/4", "3/4"),
+    ("x = -7", "-7"),
+    ("10-3", "3"),  # a binary minus is not a sign
+    ("1,2,3", "3"),  # not a thousands group
+    ("pi is 3.14", "3.14"),
+    ("no numbers", None),
+    ("", None),
+])
+def test_extract_last_number(text: str, expected: str | None) -> None:
+    assert extract_last_number(text) == expected
+
+
+@pytest.mark.parametrize("text, fallback, expected", [
+    (r"<answer>\boxed{5}</answer> \boxed{6}", True, ("5", "boxed")),  # boxed in tag first
+    (r"<answer>5</answer> \boxed{6}", True, ("6", "boxed")),  # boxed anywhere beats tag
+    ("<answer>12</answer> then 99", True, ("12", "answer_tag")),  # tag beats last number
+    ("<answer>twelve</answer> then 99", True, ("twelve", "answer_tag")),
+    ("so it is 99 and 100", True, ("100", "last_number")),
+    ("so it is 99 and 100", False, (None, "none")),
+    ("<answer>12</answer> 99", False, ("12", "answer_tag")),
+    ("no answer", True, (None, "none")),
+])
+def test_extract_answer(text: str, fallback: bool, expected: tuple[str | None, str]) -> None:
+    assert extract_answer(text, fallback_last_number=fallback) == expected
+
+
+# ---------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize("s, expected", [
+    ("18", 18.0),
+    (" 18 ", 18.0),
+    ("18.0", 18.0),
+    ("-3", -3.0),
+    ("+5", 5.0),
+    ("1,000", 1000.0),
+    ("1,234,567.5", 1234567.5),
+    ("$1,000", 1000.0),
+    (r"\$18", 18.0),
+    ("50%", 50.0),
+    (r"50\%", 50.0),
+    ("18.", 18.0),
+    ("5.", 5.0),
+    (".5", 0.5),
+    ("18 dollars", 18.0),
+    ("5 apples.", 5.0),
+    (r"\text{18}", 18.0),
+    (r"18\text{ dollars}", 18.0),
+    ("3/4", 0.75),
+    ("-3/4", -0.75),
+    (r"\frac{1}{2}", 0.5),
+    (r"\dfrac{3}{4}", 0.75),
+    (r"-\frac{1}{4}", -0.25),
+    (r"\frac12", 0.5),
+    ("x = 5", 5.0),
+    ("x=y=-2", -2.0),
+    ("1e3", 1000.0),
+    ("1{,}000", 1000.0),
+    ("\u22123", -3.0),  # unicode minus
+    (r"90^\circ", 90.0),
+    # not a single number
+    ("", None),
+    ("   ", None),
+    ("abc", None),
+    ("dollars", None),
+    ("1/0", None),
+    (r"\frac{1}{0}", None),
+    ("5 + 3", None),
+    ("5 m^2", None),
+    ("1,2345", None),
+    ("1e400", None),
+    ("(1, 2)", None),
+])
+def test_parse_number(s: str, expected: float | None) -> None:
+    assert parse_number(s) == expected
+
+
+def test_parse_number_never_raises() -> None:
+    for s in [None, 5, "\\frac{", "}{", "=", "1/", "/2", "-", "e5", "9" * 5000, "$$", "\\text{"]:
+        assert parse_number(s) is None or isinstance(parse_number(s), float)  # type: ignore[arg-type]
+
+
+def test_numbers_equal() -> None:
+    assert numbers_equal(18.0, 18)
+    assert numbers_equal(0.1 + 0.2, 0.3)
+    assert not numbers_equal(18.0, 18.01)
+    assert numbers_equal(0.0, 1e-12)
+
+
+@pytest.mark.parametrize("completion, truth, fallback, expected", [
+    ("The answer is 18.0", "18", True, 1.0),
+    ("The answer is 18.0", "18", False, 0.0),  # no box/tag and no fallback
+    ("It costs $1,000.", "1000", True, 1.0),
+    ("<answer>1000</answer>", "1,000", True, 1.0),
+    (r"\boxed{\frac{1}{2}}", "0.5", True, 1.0),
+    (r"\boxed{18 dollars}", "18", False, 1.0),
+    ("<answer>x = 5</answer>", "5", False, 1.0),
+    ("<answer>-7</answer>", "-7", True, 1.0),
+    ("<answer>7</answer>", "-7", True, 0.0),
+    ("The answer is 17", "18", True, 0.0),
+    (r"\boxed{17} but maybe 18", "18", True, 0.0),  # boxed beats the last number
+    ("<answer>eighteen</answer> 18", "18", True, 0.0),  # tag beats the last number
+    ("", "18", True, 0.0),
+    ("I don't know", "18", True, 0.0),
+])
+def test_numeric_reward(completion: str, truth: str, fallback: bool, expected: float) -> None:
+    assert numeric_reward(completion, truth, fallback_last_number=fallback) == expected
+
+
+@pytest.mark.parametrize("truth", ["", "abc", "1/0", "five"])
+def test_numeric_reward_bad_ground_truth_raises(truth: str) -> None:
+    with pytest.raises(ValueError, match="ground truth"):
+        numeric_reward("18", truth)
+
+
+# ---------------------------------------------------------------------------- format
+
+
+@pytest.mark.parametrize("completion, expected", [
+    (r"<think>hmm</think><answer>\boxed{5}</answer>", 1.0),
+    ("<think>hmm</think><answer>5</answer>", 0.5),
+    ("<think>\nhmm\n</think>\n\n<answer>\n5\n</answer>\n", 0.5),
+    (r"Sure. <think>a</think> <answer>so \boxed{5}.</answer> bye", 1.0),
+    (r"<think>a</think><answer>\boxed{5</answer>", 0.5),  # unclosed box: no bonus
+    ("<think></think><answer></answer>", 0.5),
+    ("<THINK>a</THINK><Answer>5</Answer>", 0.5),
+    ("<think>a</think>", 0.0),  # no answer
+    ("<answer>5</answer>", 0.0),  # no think
+    ("<think>a<answer>5</answer>", 0.0),  # think never closed
+    ("<think>a</think>5</answer>", 0.0),  # </answer> without <answer>
+    ("<answer>5</answer><think>a</think>", 0.0),  # answer before think
+    ("<think>a<answer>5</answer></think>", 0.0),  # answer inside think
+    ("<think>a</think> so: <answer>5</answer>", 0.0),  # text between the blocks
+    ("<think>a</think><think>b</think><answer>5</answer>", 0.0),  # two thinks
+    ("<think>a</think><answer>5</answer><answer>6</answer>", 0.0),  # two answers
+    ("<think>a</think><answer>5</answer></answer>", 0.0),
+    ("just 5", 0.0),
+    ("", 0.0),
+])
+def test_think_answer_format_reward(completion: str, expected: float) -> None:
+    assert think_answer_format_reward(completion) == expected
+
+
+@pytest.mark.parametrize("completion, boxed, present", [
+    (r"\boxed{5}", 1.0, 1.0),
+    (r"\boxed{x}", 1.0, 0.0),  # boxed but not a number
+    (r"\boxed{5", 0.0, 1.0),  # unclosed box, last-number fallback finds 5
+    ("<answer>7</answer>", 0.0, 1.0),
+    ("<answer>seven</answer>", 0.0, 0.0),
+    ("the result is 12", 0.0, 1.0),
+    ("no idea", 0.0, 0.0),
+])
+def test_boxed_and_answer_present(completion: str, boxed: float, present: float) -> None:
+    assert boxed_format_reward(completion) == boxed
+    assert answer_present_reward(completion) == present
+
+
+# ---------------------------------------------------------------------------- registry / score
+
+
+def test_reward_components_and_make_reward_fn() -> None:
+    assert set(REWARD_COMPONENTS) == {"correct", "format", "boxed", "answer_present"}
+    assert make_reward_fn("correct")("so 18", "18") == 1.0
+    assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
+    assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5
+    assert make_reward_fn("boxed")(r"\boxed{1}", "ignored") == 1.0
+    assert make_reward_fn("answer_present")("7", "ignored") == 1.0
+    with pytest.raises(ValueError, match="answer_present"):
+        make_reward_fn("nope")
+
+
+def test_score_weighted_totals() -> None:
+    completions = [
+        r"<think>a</think><answer>\boxed{18}</answer>",  # correct 1, format 1, boxed 1
+        "<think>a</think><answer>17</answer>",  # correct 0, format 0.5, boxed 0
+        "it is 18",  # correct 1 (fallback), format 0, boxed 0
+    ]
+    truths = ["18", "18", "18"]
+    weights = {"correct": 1.0, "format": 0.2, "boxed": 0.0}
+    result = score(completions, truths, weights)
+    assert isinstance(result, RewardResult)
+    assert result.total == pytest.approx([1.2, 0.1, 1.0])
+    assert result.components == {
+        "correct": [1.0, 0.0, 1.0],
+        "format": [1.0, 0.5, 0.0],
+        "boxed": [1.0, 0.0, 0.0],  # weight 0: computed and reported, not added
+    }
+    assert result.errors == 0
+    no_fallback = score(completions, truths, {"correct": 2.0}, fallback_last_number=False)
+    assert no_fallback.total == [2.0, 0.0, 0.0]
+
+
+def test_score_empty_batch() -> None:
+    assert score([], [], {"correct": 1.0}) == RewardResult([], {"correct": []}, 0)
+
+
+def test_score_counts_component_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    def flaky(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
+        if "boom" in completion:
+            raise RuntimeError("component bug")
+        return 1.0
+
+    monkeypatch.setitem(rewards._COMPONENTS, "boxed", flaky)
+    result = score(["ok 1", "boom", "boom 1"], ["1", "1", "1"], {"boxed": 0.5, "correct": 1.0})
+    assert result.components["boxed"] == [1.0, 0.0, 0.0]
+    assert result.components["correct"] == [1.0, 0.0, 1.0]
+    assert result.total == pytest.approx([1.5, 0.0, 1.0])
+    assert result.errors == 2
+
+
+def test_score_bad_ground_truth_propagates() -> None:
+    with pytest.raises(ValueError, match="not-a-number"):
+        score(["18", "18"], ["18", "not-a-number"], {"correct": 1.0, "format": 0.1})
+
+
+def test_score_argument_errors() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        score(["a"], ["1"], {"correct": 1.0, "lenght": 0.1})
+    with pytest.raises(ValueError):
+        score(["a", "b"], ["1"], {"correct": 1.0})
+
+
+# ---------------------------------------------------------------------------- adversarial speed
+
+_ADVERSARIAL = [
+    "\\boxed{" * 20000,
+    "{" * 100000,
+    "}" * 100000,
+    "1," * 50000,
+    "1" * 100000 + "/",
+    "-" * 100000,
+    "<answer>" * 12500,
+    "</answer>" * 11000,
+    "<think>" * 14000,
+    "\\boxed" + " " * 100000,
+    "\\text{" * 16000,
+    "\\frac{" * 16000,
+    "1,234" * 20000,
+    "=" * 100000,
+    "$" * 100000,
+]
+
+
+@pytest.mark.parametrize("text", _ADVERSARIAL, ids=[f"adv{i}" for i in range(len(_ADVERSARIAL))])
+def test_adversarial_inputs_are_fast(text: str) -> None:
+    start = time.perf_counter()
+    extract_boxed(text)
+    extract_answer_tag(text)
+    extract_last_number(text)
+    extract_answer(text)
+    parse_number(text)
+    think_answer_format_reward(text)
+    boxed_format_reward(text)
+    answer_present_reward(text)
+    numeric_reward(text, "18")
+    assert time.perf_counter() - start < 1.0
