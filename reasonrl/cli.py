@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # intermixed: `train cfg.yaml --print-config a.b=1` keeps a.b=1 as an override
+    args = build_parser().parse_intermixed_args(argv)
     try:
         return args.func(args)
     except ConfigError as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +26,18 @@ DEFAULT_SYSTEM_PROMPT = (
 
 class ConfigError(ValueError):
     """A bad key or value in the configuration; the message names the key path."""
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a number (YAML 1.2); PyYAML's YAML 1.1 rules
+    need a dot (`1.0e-5`) and would hand the string "1e-5" to a float key."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 @dataclass
@@ -209,7 +222,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_YamlLoader) if raw != "" else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"override {text!r}: cannot parse value: {err}") from err
     return key.strip(), value
@@ -242,7 +255,7 @@ def _read_yaml(path: Path, depth: int = 0) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from err
     if not isinstance(tree, dict):

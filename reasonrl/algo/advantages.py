@@ -43,7 +43,8 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
         return rewards.clone()
     mean, std = group_mean_std(rewards, group)
     if mode == "grpo":
-        return (rewards - mean) / (std + std_eps)
+        # A flat group is exactly 0 (also with std_eps=0, where 0/0 would be NaN).
+        return torch.where(std > 0, (rewards - mean) / (std + std_eps), torch.zeros_like(rewards))
     if mode == "grpo_no_std":
         return rewards - mean
     raise ValueError(f"unknown advantage mode {mode!r}; allowed: {', '.join(ADVANTAGE_MODES)}")

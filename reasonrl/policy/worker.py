@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -194,9 +195,12 @@ class PolicyWorker:
         skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()  # the schedule counts steps, taken or skipped
         else:
             self.optimizer.step()
-        self.scheduler.step()
+            self.scheduler.step()
         self.step += 1
         metrics = {f"train/{k}": v for k, v in sums.items()}
         if self.ref_model is None:

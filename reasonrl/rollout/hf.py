@@ -33,7 +33,10 @@ class HFEngine:
         for i, p in enumerate(prompt_ids):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
-        kwargs = dict(max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
+        # Greedy samples of a prompt are all the same (and transformers rejects greedy with
+        # num_return_sequences > 1): decode each prompt once and repeat its row n times.
+        copies = params.n if params.greedy else 1
+        kwargs = dict(max_new_tokens=params.max_new_tokens, num_return_sequences=params.n // copies,
                       eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id, use_cache=True)
         if params.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -50,8 +53,9 @@ class HFEngine:
         completions, truncated = [], []
         for row in out[:, width:].tolist():
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
-            completions.append(row if end is None else row[: end + 1])
-            truncated.append(end is None)
+            ids = row if end is None else row[: end + 1]
+            completions += [list(ids) for _ in range(copies)]
+            truncated += [end is None] * copies
         return Generation(completion_ids=completions, truncated=truncated)
 
     @torch.no_grad()

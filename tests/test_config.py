@@ -1,0 +1,360 @@
+"""Tests for reasonrl.config: the typed tree, YAML + dotted overrides, and start-up errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasonrl.cli import main
+from reasonrl.config import (
+    DEFAULT_SYSTEM_PROMPT,
+    Config,
+    ConfigError,
+    TrainerConfig,
+    dump_yaml,
+    load_config,
+    parse_override,
+)
+from reasonrl.rewards import REWARD_COMPONENTS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TRAINER_KEYS = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
+SECTIONS = "model, data, rollout, reward, algo, optim, trainer, placement"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def config_error(*overrides: str, path: str | Path | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------ defaults, YAML
+
+
+def test_defaults_load():
+    cfg = load_config(None)
+    assert cfg == Config()
+    assert cfg.model.path == ""
+    assert cfg.data.task == "arithmetic"
+    assert cfg.data.system_prompt == DEFAULT_SYSTEM_PROMPT
+    assert cfg.data.arithmetic.operators == ["+"]
+    assert (cfg.rollout.n, cfg.trainer.batch_size, cfg.trainer.steps) == (4, 32, 20)
+    assert cfg.reward.weights == {"correct": 1.0}
+    assert cfg.algo.advantage == "grpo"
+    assert cfg.optim.lr == 1e-5
+
+
+def test_yaml_file_and_overrides_parsed_as_yaml(tmp_path):
+    path = write(tmp_path, "run.yaml", """
+        model: {path: tiny}
+        trainer: {steps: 100, batch_size: 16, run_name: from_file}
+        rollout: {n: 4}
+        reward: {weights: {correct: 2.0, boxed: 0.5}}
+    """)
+    cfg = load_config(path, [
+        "trainer.steps=5",
+        "reward.weights={correct: 1.0, format: 0.1}",
+        "data.arithmetic.operators=[+, -]",
+        "data.shuffle=false",
+        "optim.betas=[0.8, 0.95]",
+        "trainer.run_name=",
+    ])
+    assert cfg.model.path == "tiny"
+    assert cfg.trainer.steps == 5  # override beats the file
+    assert cfg.trainer.batch_size == 16  # file beats the default
+    assert cfg.trainer.run_name == ""
+    # a mapping override replaces the whole mapping, it is not merged with the file's
+    assert cfg.reward.weights == {"correct": 1.0, "format": 0.1}
+    assert cfg.data.arithmetic.operators == ["+", "-"]
+    assert cfg.data.shuffle is False
+    assert cfg.optim.betas == [0.8, 0.95]
+
+
+def test_override_creates_missing_sections():
+    cfg = load_config(None, ["algo.advantage=raw", "rollout.n=1", "trainer.batch_size=3"])
+    assert (cfg.algo.advantage, cfg.rollout.n, cfg.trainer.batch_size) == ("raw", 1, 3)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("optim.lr=1e-5", 1e-5),  # the example in `reasonrl train --help`
+    ("optim.lr=3E-4", 3e-4),
+    ("optim.lr=2.0e-5", 2e-5),
+    ("optim.lr=0.001", 0.001),
+])
+def test_scientific_notation_is_a_number(text, value):
+    lr = load_config(None, [text]).optim.lr
+    assert type(lr) is float and lr == value
+
+
+def test_scientific_notation_in_yaml_file(tmp_path):
+    path = write(tmp_path, "lr.yaml", "optim:\n  lr: 5e-6\n  eps: 1e-10\n")
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.optim.eps) == (5e-6, 1e-10)
+
+
+def test_int_accepted_for_float():
+    cfg = load_config(None, ["optim.lr=1", "rollout.temperature=2"])
+    assert type(cfg.optim.lr) is float and cfg.optim.lr == 1.0
+    assert type(cfg.rollout.temperature) is float and cfg.rollout.temperature == 2.0
+
+
+def test_number_accepted_for_string():
+    assert load_config(None, ["trainer.run_name=42"]).trainer.run_name == "42"
+
+
+@pytest.mark.parametrize("text, key, value", [
+    ("trainer.steps=50", "trainer.steps", 50),
+    ("a.b=x=y", "a.b", "x=y"),
+    (" optim.lr =0.5", "optim.lr", 0.5),
+    ("x=", "x", ""),
+    ("x=null", "x", None),
+])
+def test_parse_override(text, key, value):
+    assert parse_override(text) == (key, value)
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match=r"override 'trainer\.steps': expected dotted\.key=value"):
+        parse_override("trainer.steps")
+
+
+def test_override_with_unparseable_value():
+    msg = config_error("data.arithmetic.operators=[+, *]")  # `*` starts a YAML alias
+    assert "data.arithmetic.operators=[+, *]" in msg and "cannot parse value" in msg
+
+
+def test_override_through_a_value_is_an_error():
+    msg = config_error("trainer=5", "trainer.steps.x=1")
+    assert msg == "trainer.steps.x: 'trainer' is a value, not a section"
+
+
+# ------------------------------------------------------------------------- unknown keys
+
+
+def test_unknown_top_level_key():
+    msg = config_error("trainr.steps=3")
+    assert msg == (f"unknown config key 'trainr' (did you mean 'trainer'?); allowed keys: {SECTIONS}")
+
+
+def test_unknown_nested_key_names_path_allowed_keys_and_hint():
+    msg = config_error("trainer.stepz=3")
+    assert msg == (f"unknown config key 'trainer.stepz' (did you mean 'steps'?); "
+                   f"allowed keys in trainer: {TRAINER_KEYS}")
+
+
+def test_unknown_key_without_close_match_has_no_hint():
+    msg = config_error("data.arithmetic.qqqqqq=1")
+    assert "'data.arithmetic.qqqqqq'" in msg
+    assert "did you mean" not in msg
+    assert msg.endswith("allowed keys in data.arithmetic: min_operand, max_operand, operators, "
+                        "num_operands, train_size, val_size")
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = write(tmp_path, "bad.yaml", "rollout:\n  temprature: 0.7\n")
+    msg = config_error(path=path)
+    assert "'rollout.temprature'" in msg and "did you mean 'temperature'?" in msg
+
+
+# ----------------------------------------------------------------------------- bad values
+
+
+def test_bad_literal_names_key_and_allowed_values():
+    msg = config_error("algo.advantage=foo")
+    assert msg == "algo.advantage: 'foo' is not allowed; allowed values: raw, grpo, grpo_no_std"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.steps=abc", "trainer.steps: expected an integer, got 'abc'"),
+    ("trainer.steps=true", "trainer.steps: expected an integer, got True"),
+    ("trainer.steps=2.5", "trainer.steps: expected an integer, got 2.5"),
+    ("optim.lr=[1]", "optim.lr: expected a number, got [1]"),
+    ("optim.lr=true", "optim.lr: expected a number, got True"),
+    ("data.shuffle=1", "data.shuffle: expected true or false, got 1"),
+    ("model.path=[a]", "model.path: expected a string, got ['a']"),
+    ("data.arithmetic.operators=+", "data.arithmetic.operators: expected a list, got '+'"),
+    ("optim.betas=[0.9, x]", "optim.betas[1]: expected a number, got 'x'"),
+    ("reward.weights=[correct]", "reward.weights: expected a mapping, got ['correct']"),
+    ("reward.weights={correct: high}", "reward.weights.correct: expected a number, got 'high'"),
+    ("trainer=5", "trainer: expected a section (mapping), got 5"),
+])
+def test_type_errors(override, message):
+    assert config_error(override) == message
+
+
+def test_batch_size_not_multiple_of_n():
+    msg = config_error("rollout.n=4", "trainer.batch_size=10")
+    assert msg.startswith("trainer.batch_size: 10 completions")
+    assert "rollout.n=4" in msg and "multiple of 4" in msg
+
+
+def test_batch_size_smaller_than_n():
+    assert config_error("rollout.n=8", "trainer.batch_size=4").startswith("trainer.batch_size:")
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "grpo_no_std"])
+def test_group_advantage_needs_two_samples(advantage):
+    msg = config_error(f"algo.advantage={advantage}", "rollout.n=1", "trainer.batch_size=4")
+    assert msg.startswith("rollout.n:") and f"({advantage})" in msg and "n >= 2" in msg
+
+
+def test_unknown_reward_component_lists_allowed():
+    msg = config_error("reward.weights={correct: 1.0, speed: 0.1}")
+    assert msg.startswith("reward.weights.speed: unknown reward component")
+    assert msg.endswith("allowed: " + ", ".join(REWARD_COMPONENTS))
+    assert "correct, format" in msg
+
+
+def test_empty_reward_weights():
+    assert config_error("reward.weights={}").startswith("reward.weights:")
+
+
+def test_jsonl_task_needs_train_path():
+    assert config_error("data.task=jsonl") == "data.train_path: required when data.task=jsonl"
+    assert load_config(None, ["data.task=jsonl", "data.train_path=x.jsonl"]).data.train_path == "x.jsonl"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.steps=0", "trainer.steps"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
+    ("rollout.temperature=0", "rollout.temperature"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("optim.betas=[0.9]", "optim.betas"),
+    ("optim.warmup_ratio=1", "optim.warmup_ratio"),
+    ("algo.beta=-0.1", "algo.beta"),
+    ("data.arithmetic.num_operands=1", "data.arithmetic.num_operands"),
+    ("data.arithmetic.operators=[+, /]", "data.arithmetic.operators"),
+])
+def test_range_checks_name_their_key(override, key):
+    assert config_error(override).startswith(key + ":")
+
+
+# --------------------------------------------------------------------- include, bad files
+
+
+def test_include_merges_with_child_overriding(tmp_path):
+    write(tmp_path, "base/base.yaml", """
+        model: {path: tiny}
+        rollout: {n: 4, max_new_tokens: 32, temperature: 0.5}
+        trainer: {steps: 7, batch_size: 8}
+        data: {arithmetic: {max_operand: 5, operators: ["+", "-"]}}
+    """)
+    child = write(tmp_path, "runs/child.yaml", """
+        include: ../base/base.yaml
+        rollout: {max_new_tokens: 8}
+        data: {arithmetic: {operators: ["*"]}}
+    """)
+    cfg = load_config(child, ["trainer.steps=3"])
+    assert cfg.model.path == "tiny"
+    assert (cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.rollout.temperature) == (4, 8, 0.5)
+    assert (cfg.trainer.steps, cfg.trainer.batch_size) == (3, 8)
+    assert cfg.data.arithmetic.max_operand == 5  # nested sections merge key by key
+    assert cfg.data.arithmetic.operators == ["*"]  # lists are replaced, not concatenated
+
+
+def test_include_of_missing_file_names_it(tmp_path):
+    child = write(tmp_path, "child.yaml", "include: nowhere.yaml\n")
+    msg = config_error(path=child)
+    assert msg == f"config file {tmp_path / 'nowhere.yaml'} does not exist"
+
+
+def test_include_cycle_is_an_error(tmp_path):
+    loop = write(tmp_path, "loop.yaml", "include: loop.yaml\n")
+    assert "include nesting too deep" in config_error(path=loop)
+
+
+def test_missing_file_names_it(tmp_path):
+    path = tmp_path / "absent.yaml"
+    assert config_error(path=path) == f"config file {path} does not exist"
+
+
+def test_malformed_yaml_names_file(tmp_path):
+    path = write(tmp_path, "broken.yaml", "trainer:\n  steps: [1, 2\n")
+    msg = config_error(path=path)
+    assert msg.startswith(f"{path}: invalid YAML")
+
+
+def test_top_level_must_be_mapping(tmp_path):
+    path = write(tmp_path, "list.yaml", "- a\n- b\n")
+    assert config_error(path=path) == f"{path}: the top level must be a mapping of sections"
+
+
+def test_empty_yaml_file_gives_defaults(tmp_path):
+    assert load_config(write(tmp_path, "empty.yaml", "# nothing\n")) == Config()
+
+
+# ---------------------------------------------------------------- shipped configs, dumping
+
+
+def test_smoke_config_loads():
+    cfg = load_config(REPO_ROOT / "configs" / "smoke.yaml")
+    assert cfg.model.path == "tiny"
+    assert (cfg.trainer.steps, cfg.trainer.batch_size, cfg.rollout.n) == (2, 8, 4)
+    assert (cfg.data.arithmetic.train_size, cfg.data.arithmetic.val_size) == (64, 8)
+
+
+def test_default_config_loads():
+    cfg = load_config(REPO_ROOT / "configs" / "default.yaml")
+    assert cfg.model.path == ""
+    assert (cfg.rollout.n, cfg.trainer.batch_size, cfg.trainer.steps) == (8, 64, 25)
+    assert cfg.data.arithmetic.max_operand == 19
+    assert cfg.optim.lr == 2e-5
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["reward.weights={correct: 1.0, format: 0.25}", "data.arithmetic.operators=[+, -]",
+     "optim.lr=3e-6", "trainer.run_name='x: y'", "data.system_prompt=", "algo.advantage=raw",
+     "rollout.n=1", "trainer.batch_size=5"],
+])
+def test_dump_yaml_round_trips(tmp_path, overrides):
+    cfg = load_config(REPO_ROOT / "configs" / "smoke.yaml", overrides)
+    text = dump_yaml(cfg)
+    assert yaml.safe_load(text)["model"]["path"] == "tiny"
+    path = tmp_path / "resolved.yaml"
+    path.write_text(text)
+    again = load_config(path)
+    assert again == cfg
+    assert dump_yaml(again) == text
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def test_cli_unknown_key_exits_2_and_names_path(capsys):
+    code = main(["train", str(REPO_ROOT / "configs" / "smoke.yaml"), "trainer.stepz=3"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    assert captured.err.startswith("reasonrl: config error: unknown config key 'trainer.stepz'")
+    assert "did you mean 'steps'?" in captured.err
+
+
+def test_cli_print_config(capsys):
+    code = main(["train", str(REPO_ROOT / "configs" / "smoke.yaml"), "trainer.steps=9",
+                 "--print-config"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^  path: tiny$", out, flags=re.M)
+    tree = yaml.safe_load(out)
+    assert tree["trainer"]["steps"] == 9
+    assert tree["trainer"]["run_name"] == "smoke"
+
+
+def test_cli_overrides_without_config_file(capsys):
+    assert main(["train", "trainer.steps=4", "model.path=tiny", "--print-config"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["trainer"]["steps"] == 4 and tree["model"]["path"] == "tiny"

@@ -1,0 +1,257 @@
+"""Tests for reasonrl.rollout: the HF engine and the RolloutWorker on the tiny random model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reasonrl.batch import Example
+from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
+from reasonrl.rollout.hf import HFEngine
+
+MAX_NEW = 12
+EXAMPLES = [
+    Example(prompt="What is 2 + 3?", ground_truth="5"),
+    Example(prompt="What is 17 + 25? Think step by step.", ground_truth="42"),
+    Example(prompt=[{"role": "user", "content": "What is 9 - 4?"}], ground_truth="5"),
+]
+
+
+def eos_biased(model, bias: float):
+    """A copy of `model` whose logits for EOS are raised by `bias` (a hook on lm_head).
+
+    The random tiny model's logits are nearly uniform over the 49k-token vocabulary, so
+    P(EOS) per step is about e^bias / (e^bias + 49151): bias=100 makes EOS certain,
+    bias=8 gives roughly 5% per step, a mix of finished and truncated rows.
+    """
+    model = copy.deepcopy(model)
+    eos = model.generation_config.eos_token_id
+
+    def hook(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., eos] += bias
+        return logits
+
+    model.lm_head.register_forward_hook(hook)
+    return model
+
+
+def make_worker(model, tokenizer, **kwargs) -> RolloutWorker:
+    return RolloutWorker(HFEngine(model, tokenizer), tokenizer, system_prompt="Be brief.", **kwargs)
+
+
+def check_invariants(rollouts, tokenizer, examples, n, max_new_tokens):
+    eos = tokenizer.eos_token_id
+    encoder = RolloutWorker(None, tokenizer, system_prompt="Be brief.")
+    worker_prompts = [encoder.encode(e) for e in examples]
+    assert len(rollouts) == len(examples) * n
+    assert rollouts.group.tolist() == [g for g in range(len(examples)) for _ in range(n)]
+    assert rollouts.group.dtype == torch.long
+    assert rollouts.prompt_ids == [p for p in worker_prompts for _ in range(n)]
+    assert all(r is examples[i // n] for i, r in enumerate(rollouts.examples))
+    assert rollouts.truncated.dtype == torch.bool
+    assert rollouts.sampler_logprobs is None
+    for ids, truncated, text in zip(rollouts.completion_ids, rollouts.truncated.tolist(),
+                                    rollouts.texts, strict=True):
+        assert 1 <= len(ids) <= max_new_tokens
+        assert truncated == (eos not in ids)
+        if truncated:
+            assert len(ids) == max_new_tokens
+        else:
+            assert ids[-1] == eos and eos not in ids[:-1]
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert rollouts.completion_lengths.tolist() == [float(len(c)) for c in rollouts.completion_ids]
+
+
+# ---------------------------------------------------------------------------- rollouts
+
+
+def test_rollout_shapes_on_random_model(tiny):
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    rollouts = make_worker(model, tokenizer).rollout(EXAMPLES, SamplingParams(n=4, max_new_tokens=MAX_NEW))
+    check_invariants(rollouts, tokenizer, EXAMPLES, n=4, max_new_tokens=MAX_NEW)
+
+
+def test_rollout_mix_of_finished_and_truncated_rows(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(eos_biased(model, 8.0), tokenizer)
+    torch.manual_seed(1)
+    rollouts = worker.rollout(EXAMPLES, SamplingParams(n=4, max_new_tokens=MAX_NEW))
+    check_invariants(rollouts, tokenizer, EXAMPLES, n=4, max_new_tokens=MAX_NEW)
+    truncated = rollouts.truncated.tolist()
+    assert any(truncated) and not all(truncated)  # both branches were exercised
+    assert any(1 < len(c) < MAX_NEW for c in rollouts.completion_ids)  # an EOS mid-way
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rollout_certain_eos_stops_at_once(tiny, greedy):
+    model, tokenizer = tiny
+    worker = make_worker(eos_biased(model, 100.0), tokenizer)
+    rollouts = worker.rollout(EXAMPLES[:2], SamplingParams(n=3, max_new_tokens=MAX_NEW, greedy=greedy))
+    assert rollouts.completion_ids == [[tokenizer.eos_token_id]] * 6
+    assert rollouts.truncated.tolist() == [False] * 6
+    assert rollouts.texts == [""] * 6
+
+
+def test_engine_output_rows_are_prompt_major(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    prompts = [tokenizer("short", add_special_tokens=False)["input_ids"],
+               tokenizer("a much longer prompt than the first", add_special_tokens=False)["input_ids"]]
+    greedy = SamplingParams(n=2, max_new_tokens=6, greedy=True)
+    gen = engine.generate(prompts, greedy)
+    assert len(gen.completion_ids) == 4 and len(gen.truncated) == 4
+    # greedy samples of one prompt are identical; rows 0-1 answer prompt 0, rows 2-3 prompt 1
+    assert gen.completion_ids[0] == gen.completion_ids[1]
+    assert gen.completion_ids[2] == gen.completion_ids[3]
+    assert gen.completion_ids[0] != gen.completion_ids[2]
+    single = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=6, greedy=True))
+    assert gen.completion_ids == [single.completion_ids[i] for i in (0, 0, 1, 1)]
+    assert gen.truncated == [single.truncated[i] for i in (0, 0, 1, 1)]
+    assert gen.completion_ids[0] is not gen.completion_ids[1]  # rows are not aliased
+
+
+def test_generate_restores_training_mode(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    was_training = model.training
+    try:
+        for mode in (True, False):
+            model.train(mode)
+            engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, greedy=True))
+            assert model.training is mode
+    finally:
+        model.train(was_training)
+
+
+def test_greedy_is_deterministic(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=MAX_NEW, greedy=True)
+    torch.manual_seed(0)
+    first = worker.rollout(EXAMPLES, params)
+    torch.manual_seed(123)  # the seed must not matter
+    second = worker.rollout(EXAMPLES, params)
+    assert first.completion_ids == second.completion_ids
+    assert first.texts == second.texts
+
+
+def test_sampling_reproducible_with_seed(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer)
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=0.9, top_k=50, top_p=0.95)
+    runs = []
+    for seed in (7, 7, 8):
+        torch.manual_seed(seed)
+        runs.append(worker.rollout(EXAMPLES[:1], params).completion_ids)
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert len(set(map(tuple, runs[0]))) > 1  # samples within a group differ
+
+
+def test_top_k_one_equals_greedy(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer)
+    greedy = worker.rollout(EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=8, greedy=True))
+    torch.manual_seed(0)
+    top1 = worker.rollout(EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=8, top_k=1))
+    assert top1.completion_ids == greedy.completion_ids
+
+
+# ------------------------------------------------------------------------- load_weights
+
+
+def greedy_ids(model, tokenizer) -> list[list[int]]:
+    worker = make_worker(model, tokenizer)
+    return worker.rollout(EXAMPLES, SamplingParams(n=1, max_new_tokens=MAX_NEW, greedy=True)).completion_ids
+
+
+def test_load_weights_shared_model_is_a_no_op(tiny):
+    model, tokenizer = tiny
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = greedy_ids(model, tokenizer)
+    worker = make_worker(model, tokenizer)
+    worker.load_weights(model.named_parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert greedy_ids(model, tokenizer) == expected
+
+
+def test_load_weights_into_separate_model(tiny):
+    model, tokenizer = tiny
+    policy, engine_model = copy.deepcopy(model), copy.deepcopy(model)
+    worker = make_worker(engine_model, tokenizer)
+    params = SamplingParams(n=1, max_new_tokens=MAX_NEW, greedy=True)
+    old = worker.rollout(EXAMPLES, params).completion_ids
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.5)
+    new = greedy_ids(policy, tokenizer)
+    assert new != old
+    assert worker.rollout(EXAMPLES, params).completion_ids == old  # not synced yet
+
+    worker.load_weights(policy.named_parameters())
+    engine_params = dict(engine_model.named_parameters())
+    assert engine_params.keys() == dict(policy.named_parameters()).keys()
+    for name, tensor in policy.named_parameters():
+        assert torch.equal(engine_params[name], tensor), name
+        assert engine_params[name].data_ptr() != tensor.data_ptr()  # copied, not aliased
+    assert engine_model.lm_head.weight is engine_model.model.embed_tokens.weight  # still tied
+    assert worker.rollout(EXAMPLES, params).completion_ids == new
+
+
+def test_load_weights_unknown_name(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(copy.deepcopy(model), tokenizer)
+    with pytest.raises(KeyError, match="no parameter 'model.not_a_layer.weight'"):
+        engine.load_weights([("model.not_a_layer.weight", torch.zeros(2))])
+
+
+# ------------------------------------------------------------------------------ encode
+
+
+def test_encode_renders_and_tokenizes(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer)
+    ids = worker.encode(EXAMPLES[0])
+    assert tokenizer.decode(ids) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                     "What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    raw = RolloutWorker(HFEngine(model, tokenizer), tokenizer, apply_chat_template=False)
+    assert raw.encode(EXAMPLES[0]) == tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]
+
+
+def test_encode_too_long_names_origin(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer, max_prompt_tokens=20)
+    long = Example(prompt="add these numbers " * 10, ground_truth="0", meta={"origin": "data/train.jsonl:17"})
+    with pytest.raises(ValueError) as info:
+        worker.encode(long)
+    msg = str(info.value)
+    assert msg.startswith("data/train.jsonl:17: prompt has ")
+    assert "data.max_prompt_tokens=20" in msg
+    n_tokens = len(make_worker(model, tokenizer, max_prompt_tokens=1000).encode(long))
+    assert f"prompt has {n_tokens} tokens" in msg
+
+
+def test_encode_too_long_without_origin_quotes_prompt(tiny):
+    model, tokenizer = tiny
+    worker = make_worker(model, tokenizer, max_prompt_tokens=5)
+    with pytest.raises(ValueError, match=r"^'What is 2 \+ 3\?': prompt has \d+ tokens"):
+        worker.encode(EXAMPLES[0])
+
+
+def test_encode_at_the_limit_is_fine(tiny):
+    model, tokenizer = tiny
+    n_tokens = len(make_worker(model, tokenizer).encode(EXAMPLES[0]))
+    assert len(make_worker(model, tokenizer, max_prompt_tokens=n_tokens).encode(EXAMPLES[0])) == n_tokens
+
+
+def test_make_engine(tiny):
+    model, tokenizer = tiny
+    assert isinstance(make_engine("hf", model, tokenizer), HFEngine)
+    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'vllm2'; allowed: hf"):
+        make_engine("vllm2", model, tokenizer)
