@@ -47,8 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # intermixed: `train cfg.yaml --print-config a.b=1` keeps a.b=1 as an override
-    args = build_parser().parse_intermixed_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # argparse stops filling `overrides` at the first option: `train c.yaml --flag a.b=1`
+    # leaves `a.b=1` unparsed; anything else unknown is a real error.
+    bad = [a for a in rest if "=" not in a or a.startswith("-")]
+    if bad or (rest and args.command != "train"):
+        parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
     try:
         return args.func(args)
     except ConfigError as err:
