@@ -7,6 +7,8 @@ import sys
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
 from reasonrl.config import ConfigError, load_config
+from reasonrl.data import DataError
+from reasonrl.policy.model import ModelLoadError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"reasonrl: config error: {err}", file=sys.stderr)
+        return 2
+    except (DataError, ModelLoadError, FileExistsError) as err:
+        print(f"reasonrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("reasonrl: interrupted", file=sys.stderr)

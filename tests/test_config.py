@@ -309,7 +309,7 @@ def test_smoke_config_loads():
 def test_default_config_loads():
     cfg = load_config(REPO_ROOT / "configs" / "default.yaml")
     assert cfg.model.path == ""
-    assert (cfg.rollout.n, cfg.trainer.batch_size, cfg.trainer.steps) == (8, 64, 25)
+    assert (cfg.rollout.n, cfg.trainer.batch_size, cfg.trainer.steps) == (8, 32, 20)
     assert cfg.data.arithmetic.max_operand == 19
     assert cfg.optim.lr == 2e-5
 

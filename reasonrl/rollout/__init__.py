@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from reasonrl.batch import Example, Rollouts
-from reasonrl.data import render_prompt
+from reasonrl.data import DataError, render_prompt
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class RolloutWorker:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
             where = example.meta.get("origin", repr(str(example.prompt)[:60]))
-            raise ValueError(f"{where}: prompt has {len(ids)} tokens, more than "
+            raise DataError(f"{where}: prompt has {len(ids)} tokens, more than "
                              f"data.max_prompt_tokens={self.max_prompt_tokens}; raise it or "
                              "shorten the prompt")
         return ids
