@@ -102,9 +102,11 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
-        seed_everything(cfg.trainer.seed)
         self.train_examples, self.held_out = load_examples(cfg.data, cfg.trainer.seed)
         self.workers = build_workers(cfg)
+        # Seed after loading: a first-run model conversion draws random numbers (weight
+        # init before the GGUF weights are copied in); the run must not depend on the cache.
+        seed_everything(cfg.trainer.seed)
         self.policy, self.rollout = self.workers.policy, self.workers.rollout
         for example in self.train_examples[:1000] + self.held_out:  # fail now, not at step 500
             self.rollout.encode(example)
