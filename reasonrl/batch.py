@@ -56,6 +56,7 @@ class Scores:
     total: torch.Tensor  # [N] float
     components: dict[str, torch.Tensor]  # name -> [N] float, unweighted
     errors: int = 0  # reward calls that raised and were scored 0
+    timeouts: int = 0  # reward calls that ran past reward.timeout and were scored 0
 
 
 @dataclass

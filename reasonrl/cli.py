@@ -1,14 +1,21 @@
-"""Command line: `reasonrl train [CONFIG.yaml] [dotted.key=value ...]`."""
+"""Command line.
+
+    reasonrl train [CONFIG.yaml] [dotted.key=value ...]
+    reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
+    reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
 from reasonrl.config import ConfigError, load_config
 from reasonrl.data import DataError
 from reasonrl.policy.model import ModelLoadError
+from reasonrl.rewards.numeric import GroundTruthError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -29,6 +36,75 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from reasonrl.data.prepare import prepare
+
+    count = prepare(args.task, args.output, args.input, limit=args.limit, size=args.size,
+                    seed=args.seed, instruction=args.instruction)
+    print(f"[reasonrl] wrote {count} {args.task} records to {args.output}", flush=True)
+    return 0
+
+
+def _reward_records(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(where, record) pairs to score: the one on the command line, or each line of --file."""
+    if args.file is None:
+        if args.completion is None or args.ground_truth is None:
+            raise ConfigError("reward: give a completion and --ground-truth, or --file F.jsonl")
+        extra = json.loads(args.extra_info) if args.extra_info else {}
+        return [("command line", {"completion": args.completion, "ground_truth": args.ground_truth,
+                                  "extra_info": extra})]
+    from reasonrl.data.readers import iter_records
+
+    records = []
+    for where, record in iter_records(args.file):
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        for key in ("completion", "ground_truth"):
+            if not isinstance(record.get(key), (str, int, float)) or isinstance(record.get(key), bool):
+                raise DataError(f"{where}: field '{key}' must be a string")
+        if not isinstance(record.get("extra_info", {}), dict):
+            raise DataError(f"{where}: field 'extra_info' must be an object")
+        records.append((where, record))
+    return records
+
+
+def _reward(args: argparse.Namespace) -> int:
+    """Score completions with the trainer's own reward code and print JSON lines."""
+    import dataclasses
+
+    from reasonrl.batch import Example
+    from reasonrl.rewards import TASKS, score_examples, verifier_for
+
+    overrides = [f"reward.{k}={v}" for k, v in (("task", args.task), ("fn", args.fn),
+                                                ("timeout", args.timeout)) if v is not None]
+    cfg = load_config(args.config, overrides).reward
+    rows = []
+    for where, record in _reward_records(args):
+        task = record.get("task") or cfg.task
+        if task not in ("auto", *TASKS):
+            raise DataError(f"{where}: field 'task': unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        row_cfg = dataclasses.replace(cfg, task=task)
+        example = Example(prompt="", ground_truth=str(record["ground_truth"]),
+                          data_source=str(record.get("data_source") or "numeric"),
+                          meta={**record.get("extra_info", {}), "origin": where})
+        result = score_examples([str(record["completion"])], [example], row_cfg, always_correct=True)
+        failure = result.failures.get(0)
+        row = {"task": verifier_for(example.data_source, row_cfg).task, "score": result.total[0],
+               "components": {k: v[0] for k, v in result.components.items()},
+               "parts": result.parts[0], "timeout": failure == "timeout",
+               "error": failure if failure != "timeout" else None}
+        print(json.dumps({"where": where, **row} if args.file else row), flush=True)
+        rows.append(row)
+    if args.file:
+        n = len(rows)
+        print(json.dumps({"summary": {
+            "records": n, "score_mean": sum(r["score"] for r in rows) / max(n, 1),
+            "solved": sum(r["components"]["correct"] >= 1.0 for r in rows),
+            "timeouts": sum(r["timeout"] for r in rows),
+            "errors": sum(r["error"] is not None for r in rows)}}), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reasonrl",
@@ -45,6 +121,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and exit")
     p.set_defaults(func=_train)
+
+    d = sub.add_parser("data", help="prepare task data files")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    p = dsub.add_parser(
+        "prepare", help="convert GSM8K / MATH files, or generate Countdown / piecewise problems",
+        description="Write {prompt, ground_truth, data_source, extra_info} records as JSONL (or "
+                    "Parquet for *.parquet), ready for data.task=file. gsm8k: the official "
+                    "question/answer files (the number after #### is the ground truth); math: "
+                    "problem/solution(/answer) records, a JSONL/JSON/Parquet file or the official "
+                    "folder of JSON files; countdown, piecewise: generated from --seed.")
+    p.add_argument("task", choices=["gsm8k", "math", "countdown", "piecewise"])
+    p.add_argument("--input", help="source file or folder (gsm8k, math)")
+    p.add_argument("--output", required=True, help="output file: .jsonl or .parquet")
+    p.add_argument("--limit", type=int, default=0, help="convert at most this many records (0 = all)")
+    p.add_argument("--size", type=int, default=1000, help="records to generate (countdown, piecewise)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed (countdown, piecewise)")
+    p.add_argument("--instruction", default=None,
+                   help="text appended to each question (default: the task's usual instruction; '' = none)")
+    p.set_defaults(func=_prepare)
+
+    from reasonrl.rewards.verifiers import TASKS
+
+    p = sub.add_parser(
+        "reward", help="score completions with a task's reward, to debug a reward rule",
+        description="Print the score and its components as JSON: one line for the completion "
+                    "given, or one line per record of --file (fields completion, ground_truth, "
+                    "optional task, data_source, extra_info) and a summary line. Tasks: "
+                    + "; ".join(f"{k}: {v}" for k, v in TASKS.items()))
+    p.add_argument("completion", nargs="?", help="the completion text to score")
+    p.add_argument("--task", choices=["auto", *TASKS], help="the verifier (default: reward.task)")
+    p.add_argument("--ground-truth", help="the ground truth (countdown/piecewise: JSON)")
+    p.add_argument("--extra-info", help="extra_info JSON object passed to the verifier")
+    p.add_argument("--file", help="JSONL of {completion, ground_truth, task?} records")
+    p.add_argument("--fn", help="custom reward module:function (reward.fn)")
+    p.add_argument("--timeout", type=float, help="seconds per sample for math / reward.fn")
+    p.add_argument("--config", help="a train config whose reward section to use (weights, task)")
+    p.set_defaults(func=_reward)
     return parser
 
 
@@ -63,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"reasonrl: config error: {err}", file=sys.stderr)
         return 2
-    except (DataError, ModelLoadError, FileExistsError) as err:
+    except (DataError, GroundTruthError, ModelLoadError, FileExistsError) as err:
         print(f"reasonrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -57,16 +57,43 @@ class ArithmeticConfig:
 
 
 @dataclass
+class CountdownConfig:
+    min_numbers: int = 3
+    max_numbers: int = 4
+    min_number: int = 1
+    max_number: int = 99
+    min_target: int = 1
+    max_target: int = 100
+    train_size: int = 2000
+    val_size: int = 100
+
+
+@dataclass
+class PiecewiseConfig:
+    # The toy env trains (and evaluates) on the one MATH problem; variants change its constants.
+    train_variants: int = 0  # generated variants added to training
+    val_variants: int = 0  # generated variants (never trained on) added to the held-out set
+
+
+DATA_FIELDS = ("prompt", "messages", "ground_truth", "data_source", "extra_info")
+
+
+@dataclass
 class DataConfig:
-    task: Literal["arithmetic", "jsonl"] = "arithmetic"
-    train_path: str = ""  # for task=jsonl
-    val_path: str = ""  # for task=jsonl; empty = no held-out eval
+    # file: JSONL / JSON / Parquet / a `datasets` save_to_disk folder (jsonl: the same)
+    task: Literal["arithmetic", "file", "jsonl", "countdown", "piecewise"] = "arithmetic"
+    train_path: str = ""  # for task=file; several files: comma-separated
+    val_path: str = ""  # for task=file; empty = no held-out eval; comma-separated for several
+    # record field names when they differ, dotted for nested: {ground_truth: reward_model.ground_truth}
+    fields: dict[str, str] = field(default_factory=dict)
     apply_chat_template: bool = True  # false: `prompt` is already templated text
     system_prompt: str = DEFAULT_SYSTEM_PROMPT  # used when the template is applied; "" = none
     max_prompt_tokens: int = 256
     val_size: int = 0  # use at most this many held-out examples (0 = all)
     shuffle: bool = True
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    countdown: CountdownConfig = field(default_factory=CountdownConfig)
+    piecewise: PiecewiseConfig = field(default_factory=PiecewiseConfig)
 
 
 @dataclass
@@ -85,18 +112,37 @@ class RewardConfig:
     # weighted sum of named components (see reasonrl.rewards.REWARD_COMPONENTS)
     weights: dict[str, float] = field(default_factory=lambda: {"correct": 1.0})
     fallback_last_number: bool = True  # no \boxed / <answer>: take the last number
+    # which verifier scores `correct`: auto = from each example's data_source (README, "Tasks")
+    task: Literal["auto", "numeric", "gsm8k", "math", "countdown", "piecewise"] = "auto"
+    fn: str = ""  # custom verifier for `correct`, "module:function" or "file.py:function"
+    isolate_fn: bool = True  # run reward.fn in a worker process, with reward.timeout
+    timeout: float = 5.0  # seconds per sample for out-of-process verifiers (math, reward.fn)
+    num_workers: int = 2  # reward worker processes
+    countdown_format_score: float = 0.1  # countdown: an equation was given but is wrong (verl)
 
 
 @dataclass
 class AlgoConfig:
-    advantage: Literal["raw", "grpo", "grpo_no_std"] = "grpo"
+    # formulas, sources and how the keys combine: docs/algorithms.md
+    advantage: Literal["raw", "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp",
+                       "reinforce_pp_baseline"] = "grpo"
     std_eps: float = 1e-4
     clip_low: float = 0.2
     clip_high: float = 0.2
-    loss_agg: Literal["token", "sequence"] = "token"
-    beta: float = 0.0  # KL coefficient; the reference model is loaded only when > 0
+    clip_ratio_c: float = 0.0  # dual clip for negative advantages (> 1, e.g. 3); 0 = off
+    ratio_level: Literal["token", "sequence"] = "token"  # sequence = GSPO
+    loss_agg: Literal["token", "sequence", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token"
+    beta: float = 0.0  # KL coefficient; the reference model is loaded only when > 0 (or log_kl)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in: Literal["reward", "loss"] = "loss"
+    log_kl: bool = False  # load the reference model even when beta = 0, to log train/kl
+    entropy_coef: float = 0.0  # loss -= entropy_coef * entropy (aggregated like the loss)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, resample
+    dynamic_sampling_tol: float = 1e-6  # a group is flat when its reward std <= this
+    max_resample: int = 3  # extra sampling rounds to refill the batch (dynamic_sampling)
+    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens; 0 = off
+    overlong_penalty: float = 1.0  # the penalty at the full length (max_new_tokens)
+    mask_truncated: bool = False  # completions cut at max_new_tokens get no loss (DAPO)
 
 
 @dataclass
@@ -110,6 +156,8 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # sequences per forward/backward; the gradient does not depend on it
+    mini_batches: int = 1  # optimizer steps per pass over the batch
+    ppo_epochs: int = 1  # passes over the batch; > 1 (or mini_batches > 1) makes updates off-policy
 
 
 @dataclass
@@ -278,8 +326,9 @@ def validate(cfg: Config) -> None:
 
     r, t, o, a, d = cfg.rollout, cfg.trainer, cfg.optim, cfg.algo, cfg.data
     need(r.n >= 1, f"rollout.n: must be >= 1, got {r.n}")
-    need(a.advantage == "raw" or r.n >= 2,
-         f"rollout.n: group advantages ({a.advantage}) need n >= 2 samples per prompt, got {r.n}")
+    need(a.advantage in ("raw", "reinforce_pp") or r.n >= 2,
+         f"rollout.n: group advantages ({a.advantage}) need n >= 2 samples per prompt, got {r.n}; "
+         "advantages that work with n = 1: raw, reinforce_pp")
     need(t.batch_size >= r.n and t.batch_size % r.n == 0,
          f"trainer.batch_size: {t.batch_size} completions do not divide into groups of "
          f"rollout.n={r.n}; use a multiple of {r.n}")
@@ -295,12 +344,44 @@ def validate(cfg: Config) -> None:
     need(0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio: must be in [0, 1], got {o.min_lr_ratio}")
     need(a.clip_low >= 0 and a.clip_high >= 0, "algo.clip_low/clip_high: must be >= 0")
     need(a.beta >= 0, f"algo.beta: must be >= 0, got {a.beta}")
+    need(a.std_eps >= 0, f"algo.std_eps: must be >= 0, got {a.std_eps}")
+    need(a.clip_ratio_c == 0 or a.clip_ratio_c > 1,
+         f"algo.clip_ratio_c: must be 0 (off) or > 1, got {a.clip_ratio_c}")
+    need(not a.dynamic_sampling or r.n >= 2,
+         f"algo.dynamic_sampling: needs rollout.n >= 2 (a group of one is always flat), got {r.n}")
+    need(a.dynamic_sampling_tol >= 0,
+         f"algo.dynamic_sampling_tol: must be >= 0, got {a.dynamic_sampling_tol}")
+    need(a.max_resample >= 0, f"algo.max_resample: must be >= 0, got {a.max_resample}")
+    need(0 <= a.overlong_buffer < r.max_new_tokens,
+         f"algo.overlong_buffer: must be in [0, rollout.max_new_tokens={r.max_new_tokens}), "
+         f"got {a.overlong_buffer}")
+    need(a.overlong_penalty >= 0, f"algo.overlong_penalty: must be >= 0, got {a.overlong_penalty}")
+    need(o.mini_batches >= 1, f"optim.mini_batches: must be >= 1, got {o.mini_batches}")
+    need(o.mini_batches <= t.batch_size, f"optim.mini_batches: {o.mini_batches} is more than "
+         f"trainer.batch_size={t.batch_size} completions")
+    need(o.ppo_epochs >= 1, f"optim.ppo_epochs: must be >= 1, got {o.ppo_epochs}")
     need(bool(cfg.reward.weights), "reward.weights: at least one component is needed")
     for name in cfg.reward.weights:
         need(name in REWARD_COMPONENTS, f"reward.weights.{name}: unknown reward component; "
              f"allowed: {', '.join(REWARD_COMPONENTS)}")
-    if d.task == "jsonl":
-        need(bool(d.train_path), "data.train_path: required when data.task=jsonl")
+    rw = cfg.reward
+    need(rw.timeout > 0, f"reward.timeout: must be > 0 seconds, got {rw.timeout}")
+    need(rw.num_workers >= 1, f"reward.num_workers: must be >= 1, got {rw.num_workers}")
+    need(0 <= rw.countdown_format_score <= 1,
+         f"reward.countdown_format_score: must be in [0, 1], got {rw.countdown_format_score}")
+    need(not rw.fn or (":" in rw.fn and all(rw.fn.rpartition(":")[::2])),
+         f"reward.fn: expected module:function or path/file.py:function, got {rw.fn!r}")
+    if d.task in ("file", "jsonl"):
+        need(bool(d.train_path), f"data.train_path: required when data.task={d.task}")
+    for key in d.fields:
+        need(key in DATA_FIELDS, f"data.fields.{key}: unknown field; allowed: {', '.join(DATA_FIELDS)}")
+    cd = d.countdown
+    need(2 <= cd.min_numbers <= cd.max_numbers <= 6,
+         "data.countdown: need 2 <= min_numbers <= max_numbers <= 6")
+    need(1 <= cd.min_number <= cd.max_number, "data.countdown: need 1 <= min_number <= max_number")
+    need(cd.min_target <= cd.max_target, "data.countdown: min_target > max_target")
+    need(d.piecewise.train_variants >= 0 and d.piecewise.val_variants >= 0,
+         "data.piecewise: train_variants and val_variants must be >= 0")
     ar = d.arithmetic
     need(ar.min_operand <= ar.max_operand, "data.arithmetic: min_operand > max_operand")
     need(ar.num_operands >= 2, "data.arithmetic.num_operands: must be >= 2")

@@ -31,8 +31,11 @@ def policy_hyper(cfg: Config) -> PolicyHyper:
         lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
         schedule=o.schedule, warmup_ratio=o.warmup_ratio, min_lr_ratio=o.min_lr_ratio,
         max_grad_norm=o.max_grad_norm, micro_batch_size=o.micro_batch_size,
+        mini_batches=o.mini_batches, ppo_epochs=o.ppo_epochs,
         total_steps=cfg.trainer.steps, clip_low=a.clip_low, clip_high=a.clip_high,
-        loss_agg=a.loss_agg, beta=a.beta, kl_estimator=a.kl_estimator, kl_in=a.kl_in,
+        clip_ratio_c=a.clip_ratio_c, ratio_level=a.ratio_level, loss_agg=a.loss_agg,
+        max_response_length=cfg.rollout.max_new_tokens, beta=a.beta,
+        kl_estimator=a.kl_estimator, kl_in=a.kl_in, log_kl=a.log_kl, entropy_coef=a.entropy_coef,
         temperature=cfg.rollout.temperature,
     )
 

@@ -7,6 +7,7 @@ then metrics, samples, held-out eval and checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,12 +21,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reasonrl.algo import group_advantages, kl_penalised_rewards, zero_variance_groups
+from reasonrl.algo import (
+    group_advantages,
+    informative_groups,
+    kl_penalised_rewards,
+    overlong_penalty,
+    zero_variance_groups,
+)
 from reasonrl.batch import Example, Rollouts, Scores, TrainBatch
 from reasonrl.config import Config, dump_yaml
 from reasonrl.data import PromptSampler, load_examples
 from reasonrl.placement import build_workers
-from reasonrl.rewards import score_rollouts
+from reasonrl.rewards import check_examples, score_rollouts
 from reasonrl.rollout import SamplingParams
 from reasonrl.tracking import Tracker
 
@@ -56,13 +63,17 @@ def make_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def rollout_metrics(rollouts: Rollouts, scores: Scores, advantages: torch.Tensor,
-                    seconds: float) -> dict[str, float]:
+def rollout_metrics(rollouts: Rollouts, scores: Scores, advantages: torch.Tensor, seconds: float,
+                    generated_tokens: float | None = None) -> dict[str, float]:
+    """reward/, advantage/ and rollout/ metrics of the batch that is trained on.
+    `generated_tokens` (default: this batch's) counts dropped resampled groups too."""
     lengths = rollouts.completion_lengths
+    generated = lengths.sum().item() if generated_tokens is None else generated_tokens
     metrics = {
         "reward/mean": scores.total.mean().item(),
         "reward/std": scores.total.std().item() if len(scores.total) > 1 else 0.0,
         "reward/errors": float(scores.errors),
+        "reward/timeouts": float(scores.timeouts),
         "reward/zero_std_groups": float(zero_variance_groups(scores.total, rollouts.group)),
         "advantage/mean": advantages.mean().item(),
         "advantage/std": advantages.std().item() if len(advantages) > 1 else 0.0,
@@ -71,13 +82,55 @@ def rollout_metrics(rollouts: Rollouts, scores: Scores, advantages: torch.Tensor
         "rollout/response_length_mean": lengths.mean().item(),
         "rollout/response_length_max": lengths.max().item(),
         "rollout/truncated_frac": rollouts.truncated.float().mean().item(),
-        "rollout/tokens_per_s": lengths.sum().item() / max(seconds, 1e-9),
+        "rollout/tokens_per_s": generated / max(seconds, 1e-9),
     }
     for name, values in scores.components.items():
         metrics[f"reward/{name}"] = values.mean().item()
     if "correct" in scores.components:
-        metrics["reward/accuracy"] = scores.components["correct"].mean().item()
+        # solved = full marks: partial credit (countdown's format score) is not accuracy
+        metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
     return metrics
+
+
+def take_rows(record, rows: list[int]):
+    """The given rows of a per-completion record (`Rollouts`, `Scores`): every tensor, list
+    and dict of tensors is indexed; other fields (counts) are kept."""
+    values = {}
+    for f in dataclasses.fields(record):
+        v = getattr(record, f.name)
+        if isinstance(v, torch.Tensor):
+            values[f.name] = v[rows]
+        elif isinstance(v, list):
+            values[f.name] = [v[i] for i in rows]
+        elif isinstance(v, dict):
+            values[f.name] = {k: x[rows] for k, x in v.items()}
+    return dataclasses.replace(record, **values)
+
+
+def concat_records(records: list):
+    """Rows of several records of one type, in order; counts add up, a None field stays None."""
+    if len(records) == 1:
+        return records[0]
+    values = {}
+    for f in dataclasses.fields(records[0]):
+        vs = [getattr(r, f.name) for r in records]
+        if any(v is None for v in vs):
+            values[f.name] = None
+        elif isinstance(vs[0], torch.Tensor):
+            values[f.name] = torch.cat(vs)
+        elif isinstance(vs[0], list):
+            values[f.name] = [x for v in vs for x in v]
+        elif isinstance(vs[0], dict):
+            values[f.name] = {k: torch.cat([v[k] for v in vs]) for k in vs[0]}
+        elif isinstance(vs[0], (int, float)):
+            values[f.name] = sum(vs)
+    return dataclasses.replace(records[0], **values)
+
+
+def renumber_groups(group: torch.Tensor) -> torch.Tensor:
+    """Group ids 0..k-1 in order of first appearance (after rows were dropped)."""
+    ids: dict[int, int] = {}
+    return torch.tensor([ids.setdefault(int(g), len(ids)) for g in group], dtype=torch.long)
 
 
 def atomic_save(target: Path, write) -> None:
@@ -103,6 +156,7 @@ class Trainer:
         self.cfg = cfg
         torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
         self.train_examples, self.held_out = load_examples(cfg.data, cfg.trainer.seed)
+        check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
         self.workers = build_workers(cfg)
         # Seed after loading: a first-run model conversion draws random numbers (weight
         # init before the GGUF weights are copied in); the run must not depend on the cache.
@@ -121,29 +175,26 @@ class Trainer:
     # ---- one training step -----------------------------------------------------------
 
     def step(self) -> tuple[dict[str, float], Rollouts, Scores, torch.Tensor]:
-        cfg, times = self.cfg, {}
+        algo = self.cfg.algo
         t0 = time.perf_counter()
-        examples = self.sampler.next(cfg.trainer.batch_size // cfg.rollout.n)
+        # rollout + reward (with dynamic sampling: resample until the batch is informative)
+        rollouts, scores, rewards, trainable, metrics, times = self.rollout_and_score()
 
-        rollouts = self.rollout.rollout(examples, self.sampling)
-        times["rollout"] = time.perf_counter() - t0
-
-        t = time.perf_counter()
-        scores = score_rollouts(rollouts.texts, [e.ground_truth for e in rollouts.examples],
-                                cfg.reward.weights, cfg.reward.fallback_last_number)
-        rewards = scores.total
         kl_metrics = {}
-        if cfg.algo.beta > 0 and cfg.algo.kl_in == "reward":
+        if algo.beta > 0 and algo.kl_in == "reward":
+            t = time.perf_counter()
             seq_kl = self.policy.sequence_kl(rollouts.prompt_ids, rollouts.completion_ids)
-            rewards = kl_penalised_rewards(rewards, seq_kl, torch.ones_like(seq_kl), cfg.algo.beta)
+            # per completion: the [N] sums as [N, 1] "tokens" (a 1-D mask would sum over rows)
+            rewards = kl_penalised_rewards(rewards, seq_kl[:, None], torch.ones(len(seq_kl), 1), algo.beta)
             kl_metrics = {"train/kl_in_reward": seq_kl.mean().item()}
-        times["reward"] = time.perf_counter() - t
+            times["reward"] += time.perf_counter() - t
 
-        advantages = group_advantages(rewards, rollouts.group, cfg.algo.advantage, cfg.algo.std_eps)
+        advantages = group_advantages(rewards, rollouts.group, algo.advantage, algo.std_eps)
+        loss_mask = trainable & ~rollouts.truncated if algo.mask_truncated else trainable
 
         t = time.perf_counter()
         update = self.policy.train_step(TrainBatch(rollouts.prompt_ids, rollouts.completion_ids,
-                                                   advantages))
+                                                   advantages, loss_mask))
         times["update"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -152,40 +203,113 @@ class Trainer:
         times["step"] = time.perf_counter() - t0
 
         self.step_count += 1
-        metrics = rollout_metrics(rollouts, scores, advantages, times["rollout"])
+        metrics.update(rollout_metrics(rollouts, scores, advantages, times["rollout"],
+                                       metrics.pop("rollout/generated_tokens")))
         metrics.update(update)
         metrics.update(kl_metrics)
         metrics.update({f"time/{k}": v for k, v in times.items()})
         return metrics, rollouts, scores, advantages
 
+    def rollout_and_score(self) -> tuple[Rollouts, Scores, torch.Tensor, torch.Tensor,
+                                         dict[str, float], dict[str, float]]:
+        """The step's rollouts and their scores, shaped rewards and trainable rows [N] bool.
+
+        Rewards are the task score plus DAPO's overlong penalty (`algo.overlong_buffer`).
+        With `algo.dynamic_sampling` (DAPO, Yu et al. 2025, sec. 3.2), groups whose shaped
+        rewards are all equal (std <= `dynamic_sampling_tol`) are dropped and new prompts
+        sampled for the missing groups, for at most `max_resample` extra rounds; a batch
+        still short after that trains on the groups it has. If no group at all was
+        informative, the last round is returned with no trainable row (no update).
+        """
+        cfg, algo = self.cfg, self.cfg.algo
+        want = cfg.trainer.batch_size // cfg.rollout.n
+        parts: list[tuple[Rollouts, Scores, torch.Tensor]] = []
+        times = {"rollout": 0.0, "reward": 0.0}
+        kept = dropped = rounds = 0
+        generated, sampled_rewards = 0.0, []
+        while True:
+            t = time.perf_counter()
+            rollouts = self.rollout.rollout(self.sampler.next(want - kept), self.sampling)
+            times["rollout"] += time.perf_counter() - t
+            t = time.perf_counter()
+            scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward)
+            rewards = scores.total + overlong_penalty(rollouts.completion_lengths, cfg.rollout.max_new_tokens,
+                                                      algo.overlong_buffer, algo.overlong_penalty)
+            times["reward"] += time.perf_counter() - t
+            generated += rollouts.completion_lengths.sum().item()
+            sampled_rewards.append(scores.total)
+            if not algo.dynamic_sampling:
+                parts.append((rollouts, scores, rewards))
+                break
+            keep = informative_groups(rewards, rollouts.group, algo.dynamic_sampling_tol)
+            num_groups = int(rollouts.group.max().item()) + 1
+            kept_here = len(torch.unique(rollouts.group[keep]))
+            if kept_here:
+                rows = torch.nonzero(keep).flatten().tolist()
+                part = take_rows(rollouts, rows)
+                part.group = renumber_groups(part.group) + kept  # after the groups kept so far
+                parts.append((part, take_rows(scores, rows), rewards[rows]))
+            kept, dropped = kept + kept_here, dropped + num_groups - kept_here
+            if kept >= want or rounds >= algo.max_resample:
+                break
+            rounds += 1
+        if parts:
+            rollouts = concat_records([p[0] for p in parts])
+            scores = concat_records([p[1] for p in parts])
+            rewards = torch.cat([p[2] for p in parts])
+        # nothing informative: the last round stays for the metrics, no row is trained on
+        trainable = torch.full((len(rollouts),), bool(parts), dtype=torch.bool)
+        metrics = {"rollout/dropped_groups": float(dropped), "rollout/resample_rounds": float(rounds),
+                   "rollout/groups": float(len(torch.unique(rollouts.group[trainable]))),
+                   "rollout/generated_tokens": generated}
+        if algo.overlong_buffer > 0:
+            metrics["reward/overlong_penalty"] = (rewards - scores.total).mean().item()
+        if algo.dynamic_sampling:
+            metrics["reward/mean_before_filter"] = torch.cat(sampled_rewards).mean().item()
+        return rollouts, scores, rewards, trainable, metrics, times
+
     # ---- evaluation -------------------------------------------------------------------
 
     def evaluate(self, examples: list[Example] | None = None) -> dict[str, float]:
-        """Greedy decoding on the held-out set: accuracy (the `correct` component) and reward."""
+        """Greedy decoding on the held-out set: accuracy (share of samples whose `correct`
+        component is full marks) and reward, overall and per `data_source` when the set mixes
+        sources (`eval/<source>/accuracy`), plus reward errors and timeouts."""
         examples = self.held_out if examples is None else examples
         if not examples:
             return {}
         t = time.perf_counter()
         totals, correct, truncated, lengths = [], [], [], []
+        errors = timeouts = 0
         for start in range(0, len(examples), EVAL_CHUNK):
             chunk = examples[start: start + EVAL_CHUNK]
             rollouts = self.rollout.rollout(chunk, self.eval_sampling)
             # `correct` is always scored (weight 0 if the config does not use it).
-            scores = score_rollouts(rollouts.texts, [e.ground_truth for e in chunk],
-                                    {"correct": 0.0, **self.cfg.reward.weights},
-                                    self.cfg.reward.fallback_last_number)
+            scores = score_rollouts(rollouts.texts, chunk, self.cfg.reward, always_correct=True)
             totals.append(scores.total)
             correct.append(scores.components["correct"])
             truncated.append(rollouts.truncated.float())
             lengths.append(rollouts.completion_lengths)
-        return {
-            "eval/accuracy": torch.cat(correct).mean().item(),
-            "eval/reward_mean": torch.cat(totals).mean().item(),
+            errors, timeouts = errors + scores.errors, timeouts + scores.timeouts
+        solved, total = (torch.cat(correct) >= 1.0).float(), torch.cat(totals)
+        metrics = {
+            "eval/accuracy": solved.mean().item(),
+            "eval/reward_mean": total.mean().item(),
             "eval/truncated_frac": torch.cat(truncated).mean().item(),
             "eval/response_length_mean": torch.cat(lengths).mean().item(),
             "eval/num_examples": float(len(examples)),
-            "time/eval": time.perf_counter() - t,
+            "eval/reward_errors": float(errors),
+            "eval/reward_timeouts": float(timeouts),
         }
+        sources = [e.data_source for e in examples]
+        if len(set(sources)) > 1:
+            for source in sorted(set(sources)):
+                rows = torch.tensor([s == source for s in sources])
+                name = source.replace("/", "_")
+                metrics[f"eval/{name}/accuracy"] = solved[rows].mean().item()
+                metrics[f"eval/{name}/reward_mean"] = total[rows].mean().item()
+                metrics[f"eval/{name}/num_examples"] = float(rows.sum().item())
+        metrics["time/eval"] = time.perf_counter() - t
+        return metrics
 
     # ---- outputs ----------------------------------------------------------------------
 

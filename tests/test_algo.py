@@ -6,13 +6,20 @@ import pytest
 import torch
 
 from reasonrl.algo import (
+    ADVANTAGE_MODES,
+    LOSS_AGGREGATIONS,
+    RATIO_LEVELS,
     aggregate,
     clipped_policy_loss,
     group_advantages,
+    informative_groups,
     kl_estimate,
     kl_penalised_rewards,
+    log_importance_ratio,
+    overlong_penalty,
     zero_variance_groups,
 )
+from reasonrl.config import AlgoConfig
 from reasonrl.policy.worker import lr_multiplier
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
@@ -49,9 +56,70 @@ def test_groups_need_not_be_contiguous():
                                torch.tensor([-1.0, 0.0, 1.0, 0.0]))
 
 
+def test_dr_grpo_advantage_is_the_centred_reward():
+    # Dr. GRPO: r - mean(group), no std: group 0 mean 0.5, group 1 mean 2
+    adv = group_advantages(REWARDS, GROUP, "dr_grpo")
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_rloo_advantage_hand_computed():
+    # row 0: r=1, others in its group {0, 0, 1} -> baseline 1/3 -> 2/3
+    # row 1: r=0, others {1, 0, 1} -> baseline 2/3 -> -2/3; group 1 is flat -> 0
+    adv = group_advantages(REWARDS, GROUP, "rloo")
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]))
+    # uneven group sizes: group 0 = {3, 1, 2} -> row 0: 3 - (1 + 2) / 2 = 1.5; group 1 = {5} alone -> 0
+    adv = group_advantages(torch.tensor([3.0, 1.0, 2.0, 5.0]), torch.tensor([0, 0, 0, 1]), "rloo")
+    torch.testing.assert_close(adv, torch.tensor([1.5, -1.5, 0.0, 0.0]))
+
+
+def test_reinforce_pp_normalises_over_the_batch():
+    # batch mean 10/8 = 1.25; deviations -0.25, -1.25, -1.25, -0.25, 0.75 x4;
+    # squares sum 0.0625 * 2 + 1.5625 * 2 + 0.5625 * 4 = 5.5; unbiased std sqrt(5.5 / 7) = 0.886405
+    adv = group_advantages(REWARDS, GROUP, "reinforce_pp", std_eps=0.0)
+    std = math.sqrt(5.5 / 7)
+    expected = [-0.25 / std, -1.25 / std, -1.25 / std, -0.25 / std] + [0.75 / std] * 4
+    torch.testing.assert_close(adv, torch.tensor(expected))
+    # the flat group 1 is NOT zero here: no per-prompt baseline
+    assert adv[4:].min().item() > 0.8
+    # a flat batch gives 0, not NaN, even with std_eps = 0
+    assert group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), "reinforce_pp",
+                            std_eps=0.0).tolist() == [0.0] * 4
+
+
+def test_reinforce_pp_baseline_centres_per_group_then_normalises_over_the_batch():
+    # centred: 0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0 (batch mean 0); squares sum 1 -> std sqrt(1/7) = 0.377964
+    # -> +-0.5 / 0.377964 = +-1.322876
+    adv = group_advantages(REWARDS, GROUP, "reinforce_pp_baseline", std_eps=0.0)
+    a = 0.5 / math.sqrt(1 / 7)
+    torch.testing.assert_close(adv, torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0]))
+    # eps sits in the denominator: 0.5 / (0.377964 + 0.1) = 1.046104
+    adv = group_advantages(REWARDS, GROUP, "reinforce_pp_baseline", std_eps=0.1)
+    assert adv[0].item() == pytest.approx(0.5 / (math.sqrt(1 / 7) + 0.1))
+
+
 def test_unknown_advantage_mode():
-    with pytest.raises(ValueError, match="allowed: raw, grpo, grpo_no_std"):
+    with pytest.raises(ValueError, match="allowed: raw, grpo, grpo_no_std, dr_grpo, rloo"):
         group_advantages(REWARDS, GROUP, "ppo")
+
+
+def test_config_literals_match_the_algo_modes():
+    """The config's allowed values and the functions' modes are one list each."""
+    import typing
+
+    hints = typing.get_type_hints(AlgoConfig)
+    assert typing.get_args(hints["advantage"]) == ADVANTAGE_MODES
+    assert typing.get_args(hints["loss_agg"]) == LOSS_AGGREGATIONS
+    assert typing.get_args(hints["ratio_level"]) == RATIO_LEVELS
+
+
+def test_informative_groups_drops_flat_groups_with_a_float_tolerance():
+    # group 0 mixed -> kept; group 1 all 2.0 -> dropped;
+    # group 2 differs by 1e-7 (std 7.07e-8 <= 1e-6) -> dropped as flat; group 3 by 1e-3 -> kept
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0, 0.3, 0.3 + 1e-7, 0.5, 0.501], dtype=torch.float64)
+    group = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    keep = informative_groups(rewards, group, tol=1e-6)
+    assert keep.tolist() == [True, True, False, False, False, False, True, True]
+    assert informative_groups(rewards, group, tol=0.0)[4:6].tolist() == [True, True]
 
 
 def test_zero_variance_groups_counts_flat_groups():
@@ -59,12 +127,13 @@ def test_zero_variance_groups_counts_flat_groups():
     assert zero_variance_groups(torch.tensor([1.0, 1.0 + 1e-9, 0.0, 1.0]), torch.tensor([0, 0, 1, 1])) == 1
 
 
-def _ratio_case(ratio: float, adv: float, clip_low=0.2, clip_high=0.2):
+def _ratio_case(ratio: float, adv: float, clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0):
     old = torch.zeros(1, 1)
     logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
-    loss, clipped = clipped_policy_loss(logp, old, torch.tensor([adv]), clip_low, clip_high)
-    loss.sum().backward()
-    return loss.item(), bool(clipped.item()), logp.grad.item()
+    out = clipped_policy_loss(logp, old, torch.tensor([adv]), clip_low, clip_high, clip_ratio_c)
+    out.loss.sum().backward()
+    assert out.ratio.item() == pytest.approx(ratio)
+    return out.loss.item(), bool(out.clipped.item()), logp.grad.item()
 
 
 def test_clipped_loss_positive_advantage_above_upper_clip():
@@ -99,10 +168,74 @@ def test_clipped_loss_asymmetric_bounds():
 
 def test_on_policy_ratio_gives_reinforce_gradient():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss, clipped = clipped_policy_loss(logp, logp.detach(), torch.tensor([3.0]), 0.2, 0.2)
+    loss, _, clipped, _ = clipped_policy_loss(logp, logp.detach(), torch.tensor([3.0]), 0.2, 0.2)
     loss.sum().backward()
     assert loss.tolist() == [[-3.0, -3.0]] and not clipped.any()
     assert logp.grad.tolist() == [[-3.0, -3.0]]
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+    # A = -1, ratio 5, c = 3: PPO gives max(5, 1.2) = 5; the dual clip caps it at -A * c = 3, no gradient
+    loss, clipped, grad = _ratio_case(5.0, -1.0, clip_ratio_c=3.0)
+    assert loss == pytest.approx(3.0) and clipped and grad == 0.0
+    # ratio 2 < c: max(2, 1.2) = 2 < 3, unchanged; gradient d(-A r)/dlogp = r = 2
+    loss, clipped, grad = _ratio_case(2.0, -1.0, clip_ratio_c=3.0)
+    assert loss == pytest.approx(2.0) and not clipped and grad == pytest.approx(2.0)
+    # positive advantages are never dual-clipped: ratio 5, A = 1 -> min(5, 1.2) -> loss -1.2
+    assert _ratio_case(5.0, 1.0, clip_ratio_c=3.0)[0] == pytest.approx(-1.2)
+    # off (c = 0): the A < 0 ratio-5 loss stays 5
+    assert _ratio_case(5.0, -1.0)[0] == pytest.approx(5.0)
+    out = clipped_policy_loss(torch.tensor([[math.log(5.0), math.log(2.0)]]), torch.zeros(1, 2),
+                              torch.tensor([-1.0]), 0.2, 0.2, 3.0)
+    assert out.dual_clipped.tolist() == [[True, False]]
+
+
+GSPO_MASK = torch.tensor([[1.0, 1.0, 0.0]])
+
+
+def test_sequence_ratio_is_the_geometric_mean_of_token_ratios():
+    # token log-ratios 0.1 and 0.3 (the third token is padding, log-ratio 5 ignored):
+    # s = exp((0.1 + 0.3) / 2) = exp(0.2) = 1.221403 at every token
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    logp = old + torch.tensor([[0.1, 0.3, 5.0]])
+    log_s = log_importance_ratio(logp, old, GSPO_MASK, "sequence")
+    torch.testing.assert_close(log_s[0, :2], torch.tensor([0.2, 0.2]))
+    assert (ratio := math.exp(0.2)) == pytest.approx(1.221403, abs=1e-6)
+    # token level keeps each token's own ratio
+    torch.testing.assert_close(log_importance_ratio(logp, old, GSPO_MASK, "token"), logp - old)
+    # clip at 1 + 0.2: A = 1 -> objective min(1.2214, 1.2) = 1.2, every valid token clipped
+    out = clipped_policy_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, mask=GSPO_MASK,
+                              ratio_level="sequence")
+    torch.testing.assert_close(out.loss[0, :2], torch.tensor([-1.2, -1.2]))
+    assert out.clipped[0, :2].tolist() == [True, True]
+    assert out.ratio[0, 0].item() == pytest.approx(ratio)
+    # token level: ratios e^0.1 = 1.105 (inside) and e^0.3 = 1.350 (clipped)
+    out = clipped_policy_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, mask=GSPO_MASK)
+    assert out.clipped[0, :2].tolist() == [False, True]
+
+
+def test_sequence_ratio_gradient_is_gspo():
+    """GSPO: J_i = A_i * s_i, grad = A_i * s_i * mean_t grad logp_it. With `sequence`
+    aggregation (mean over tokens) our per-token form must give exactly that."""
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    logp = (old + torch.tensor([[0.05, -0.15, 0.0]])).requires_grad_(True)
+    # s = exp((0.05 - 0.15) / 2) = exp(-0.05) = 0.951229: inside [0.8, 1.2], unclipped
+    out = clipped_policy_loss(logp, old, torch.tensor([2.0]), 0.2, 0.2, mask=GSPO_MASK,
+                              ratio_level="sequence")
+    aggregate(out.loss, GSPO_MASK, "sequence", 2, 1).backward()
+    s = math.exp(-0.05)
+    # d/dlogp_t of -A * s = -A * s / |y| = -2 * 0.951229 / 2 = -0.951229 for both tokens, 0 on padding
+    torch.testing.assert_close(logp.grad, torch.tensor([[-s, -s, 0.0]]))
+    # the same from the paper's sequence-level formula, written directly
+    logp2 = logp.detach().clone().requires_grad_(True)
+    s_direct = torch.exp(((logp2 - old) * GSPO_MASK).sum() / 2)
+    (-2.0 * s_direct).backward()
+    torch.testing.assert_close(logp.grad, logp2.grad)
+
+
+def test_unknown_ratio_level():
+    with pytest.raises(ValueError, match="allowed: token, sequence"):
+        log_importance_ratio(torch.zeros(1, 1), torch.zeros(1, 1), GSPO_MASK[:, :1], "group")
 
 
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 99.0]])
@@ -122,15 +255,36 @@ def test_sequence_aggregation():
     assert aggregate(PER_TOKEN, MASK, "sequence", 5, 4).item() == pytest.approx(1.625)
 
 
-def test_aggregation_split_sums_to_whole():
-    whole = aggregate(PER_TOKEN, MASK, "sequence", 5, 2)
-    parts = aggregate(PER_TOKEN[:1], MASK[:1], "sequence", 5, 2) + aggregate(
-        PER_TOKEN[1:], MASK[1:], "sequence", 5, 2)
+def test_seq_mean_token_sum_aggregation():
+    # sequence sums 6 and 9, mean over 2 sequences = 7.5; over a 4-sequence step = 3.75
+    assert aggregate(PER_TOKEN, MASK, "seq_mean_token_sum", 5, 2).item() == pytest.approx(7.5)
+    assert aggregate(PER_TOKEN, MASK, "seq_mean_token_sum", 5, 4).item() == pytest.approx(3.75)
+
+
+def test_dr_grpo_constant_normaliser():
+    # (6 + 9) / (2 sequences x max length 4) = 1.875, whatever the padded width (3 here)
+    assert aggregate(PER_TOKEN, MASK, "seq_mean_token_sum_norm", 5, 2, 4).item() == pytest.approx(1.875)
+    # a 4-sequence step with budget 10: 15 / 40
+    assert aggregate(PER_TOKEN, MASK, "seq_mean_token_sum_norm", 5, 4, 10).item() == pytest.approx(0.375)
+    # the same rows padded wider give the same value: the normaliser is not the width
+    wide = torch.cat([PER_TOKEN, torch.full((2, 2), 7.0)], 1)
+    wide_mask = torch.cat([MASK, torch.zeros(2, 2, dtype=MASK.dtype)], 1)
+    assert aggregate(wide, wide_mask, "seq_mean_token_sum_norm", 5, 2, 4).item() == pytest.approx(1.875)
+    with pytest.raises(ValueError, match="max_response_length"):
+        aggregate(PER_TOKEN, MASK, "seq_mean_token_sum_norm", 5, 2)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_aggregation_split_sums_to_whole(mode):
+    whole = aggregate(PER_TOKEN, MASK, mode, 5, 2, 4)
+    # row 1 as its own micro-batch, padded only to its own length
+    parts = (aggregate(PER_TOKEN[:1], MASK[:1], mode, 5, 2, 4)
+             + aggregate(PER_TOKEN[1:, :2], MASK[1:, :2], mode, 5, 2, 4))
     torch.testing.assert_close(whole, parts)
 
 
 def test_unknown_aggregation():
-    with pytest.raises(ValueError, match="allowed: token, sequence"):
+    with pytest.raises(ValueError, match="allowed: token, sequence, seq_mean_token_sum"):
         aggregate(PER_TOKEN, MASK, "mean", 5, 2)
 
 
@@ -159,6 +313,20 @@ def test_kl_penalised_rewards():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     out = kl_penalised_rewards(torch.tensor([1.0, 0.0]), kl, mask, beta=0.5)
     torch.testing.assert_close(out, torch.tensor([1.0 - 0.5 * 0.3, -0.5 * 0.3]))
+    # per-completion sums must come as [N, 1]: a 1-D tensor would be summed over completions
+    with pytest.raises(ValueError, match=r"\[N, T\]"):
+        kl_penalised_rewards(torch.tensor([1.0, 0.0]), torch.tensor([0.3, 0.3]), torch.ones(2), beta=0.5)
+
+
+def test_overlong_penalty_hand_computed():
+    # budget 10, buffer 4 -> no penalty up to 6 tokens, then -(len - 6) / 4, -1 at 10, capped at -1
+    lengths = torch.tensor([3, 6, 7, 8, 10, 12])
+    torch.testing.assert_close(overlong_penalty(lengths, 10, 4),
+                               torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
+    # factor scales it; buffer 0 turns it off
+    torch.testing.assert_close(overlong_penalty(lengths, 10, 4, factor=0.5),
+                               torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5, -0.5]))
+    assert overlong_penalty(lengths, 10, 0).tolist() == [0.0] * 6
 
 
 @pytest.mark.parametrize(("step", "expected"), [(0, 0.5), (1, 1.0), (2, 1.0), (9, 1.0)])

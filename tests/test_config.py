@@ -174,7 +174,8 @@ def test_unknown_key_in_yaml_file(tmp_path):
 
 def test_bad_literal_names_key_and_allowed_values():
     msg = config_error("algo.advantage=foo")
-    assert msg == "algo.advantage: 'foo' is not allowed; allowed values: raw, grpo, grpo_no_std"
+    assert msg == ("algo.advantage: 'foo' is not allowed; allowed values: raw, grpo, grpo_no_std, "
+                   "dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline")
 
 
 @pytest.mark.parametrize("override, message", [

@@ -18,8 +18,10 @@ from reasonrl.data import (
     arithmetic_examples,
     arithmetic_problem,
     load_examples,
+    load_file,
     load_jsonl,
     render_prompt,
+    take_per_source,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_math.jsonl"
@@ -98,6 +100,7 @@ def test_load_jsonl_accepts_str_path_and_negative_float_truth(tmp_path):
     (['{"prompt": "q", "ground_truth": ""}'], 1, "field 'ground_truth'"),
     (['{"prompt": "q", "ground_truth": null}'], 1, "field 'ground_truth'"),
     (['{"prompt": "q", "ground_truth": [1]}'], 1, "field 'ground_truth'"),
+    (['{"prompt": [{"role": "user"}], "ground_truth": "1"}'], 1, "field 'prompt' must be a non-empty list"),
     (['{"prompt": "q", "ground_truth": "1", "meta": [1]}'], 1, "field 'meta'"),
     (['{"prompt": "q", "ground_truth": "1", "data_source": 5}'], 1, "field 'data_source'"),
 ])
@@ -313,3 +316,206 @@ def test_sampler_resume_gives_the_same_stream(warmup):
     resumed = PromptSampler(data, seed=11)
     resumed.load_state_dict(dict(state))
     assert ids(resumed.next(10)) == expected
+
+
+# ------------------------------------------------------------- formats and field names
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDS = [
+    {"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "ground_truth": "5", "data_source": "arith",
+     "extra_info": {"i": 0}},
+    {"prompt": [{"role": "user", "content": "Reach 24 with 3 5 7 9"}],
+     "reward_model": {"ground_truth": {"numbers": [3, 5, 7, 9], "target": 24}, "style": "rule"},
+     "data_source": "countdown", "extra_info": {"i": 1}},
+]
+
+
+def test_parquet_and_jsonl_give_the_same_examples(tmp_path):
+    from reasonrl.data.readers import write_records
+
+    write_records(RECORDS, tmp_path / "d.parquet")
+    write_records(RECORDS, tmp_path / "d.jsonl")
+    from_parquet = load_file(tmp_path / "d.parquet")
+    from_jsonl = load_file(tmp_path / "d.jsonl")
+    assert [(e.prompt, e.ground_truth, e.data_source) for e in from_parquet] == \
+        [(e.prompt, e.ground_truth, e.data_source) for e in from_jsonl]
+    first, second = from_parquet
+    assert first.meta == {"i": 0, "origin": f"{tmp_path / 'd.parquet'}:1"}
+    assert second.prompt == [{"role": "user", "content": "Reach 24 with 3 5 7 9"}]  # verl: prompt = messages
+    assert json.loads(second.ground_truth) == {"numbers": [3, 5, 7, 9], "target": 24}  # reward_model.*
+
+
+def test_datasets_save_to_disk_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"question": f"q{i}", "answer": str(i), "source": "s"} for i in range(5)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    fields = {"prompt": "question", "ground_truth": "answer", "data_source": "source"}
+    examples = load_file(tmp_path / "ds", fields=fields)
+    assert [(e.prompt, e.ground_truth, e.data_source) for e in examples] == [
+        (f"q{i}", str(i), "s") for i in range(5)]
+    assert examples[4].meta["origin"] == f"{tmp_path / 'ds'}:5"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match="DatasetDict with splits train; point at one split"):
+        load_file(tmp_path / "dd")
+
+
+def test_field_remapping_with_dotted_paths(tmp_path):
+    path = write_lines(tmp_path, [json.dumps({"q": {"text": "Q?"}, "sol": {"final": 7}, "info": {"x": 1}})])
+    (ex,) = load_file(path, fields={"prompt": "q.text", "ground_truth": "sol.final", "extra_info": "info"})
+    assert (ex.prompt, ex.ground_truth, ex.meta["x"]) == ("Q?", "7", 1)
+    with pytest.raises(DataError, match=r":1: missing field 'answer'"):
+        load_file(path, fields={"prompt": "q.text", "ground_truth": "answer"})
+
+
+def test_json_array_file_and_folder_of_json(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([{"prompt": "p1", "ground_truth": 1},
+                                                 {"prompt": "p2", "ground_truth": 2}]))
+    assert [e.ground_truth for e in load_file(tmp_path / "a.json")] == ["1", "2"]
+    (tmp_path / "a.json").write_text(json.dumps([{"prompt": "p1", "ground_truth": 1}, {"prompt": "p2"}]))
+    with pytest.raises(DataError, match=r"a\.json:item 2: missing field 'ground_truth'"):
+        load_file(tmp_path / "a.json")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(DataError, match="no \\*.json files"):
+        load_file(tmp_path / "empty_dir")
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ("not parquet", "not a readable Parquet file"),
+])
+def test_broken_parquet_is_a_clear_error(tmp_path, bad, needle):
+    (tmp_path / "x.parquet").write_text(bad)
+    with pytest.raises(DataError, match=needle):
+        load_file(tmp_path / "x.parquet")
+
+
+def test_parquet_row_errors_name_file_row_and_field(tmp_path):
+    from reasonrl.data.readers import write_records
+
+    write_records([{"prompt": "a", "ground_truth": "1"}, {"prompt": "", "ground_truth": "2"}],
+                  tmp_path / "x.parquet")
+    with pytest.raises(DataError, match=r"x\.parquet:2: field 'prompt'"):
+        load_file(tmp_path / "x.parquet")
+
+
+def test_comma_separated_paths_and_per_source_val_size(tmp_path):
+    def lines(name, count):
+        return [json.dumps({"prompt": f"{name}{i}", "ground_truth": i}) for i in range(count)]
+
+    a, b = write_lines(tmp_path, lines("a", 6), "a.jsonl"), write_lines(tmp_path, lines("b", 2), "b.jsonl")
+    cfg = DataConfig(task="file", train_path=f"{a}, {b}", val_path=f"{a},{b}", val_size=4)
+    train, held_out = load_examples(cfg, seed=0)
+    assert len(train) == 8
+    assert [e.prompt for e in held_out] == ["a0", "b0", "a1", "b1"]  # both sources kept
+    assert [e.prompt for e in take_per_source(train, 7)] == ["a0", "b0", "a1", "b1", "a2", "a3", "a4"]
+    assert take_per_source(train[:6], 3) == train[:3]
+
+
+# ------------------------------------------------------------------------ generators
+
+
+def test_countdown_generator_is_seeded_solvable_and_disjoint():
+    from reasonrl.config import CountdownConfig
+    from reasonrl.data.countdown import countdown_examples
+    from reasonrl.rewards.countdown import evaluate_equation, extract_equation
+
+    cfg = CountdownConfig(train_size=200, val_size=30)
+    train, held_out = countdown_examples(cfg, seed=0)
+    assert (train, held_out) == countdown_examples(cfg, seed=0)
+    assert train != countdown_examples(cfg, seed=1)[0]
+    assert (len(train), len(held_out)) == (200, 30)
+    keys = lambda xs: {(tuple(sorted(e.meta["numbers"])), e.meta["target"]) for e in xs}  # noqa: E731
+    assert keys(train).isdisjoint(keys(held_out))
+    for e in train + held_out:
+        truth = json.loads(e.ground_truth)
+        assert 3 <= len(truth["numbers"]) <= 4 and 1 <= truth["target"] <= 100
+        assert all(1 <= n <= 99 for n in truth["numbers"]) and truth["target"] not in truth["numbers"]
+        value, used = evaluate_equation(extract_equation(e.meta["solution"]))
+        assert value == truth["target"] and sorted(used) == sorted(truth["numbers"])
+        assert e.data_source == "countdown" and str(truth["numbers"]) in e.prompt
+
+
+def test_piecewise_generator():
+    from reasonrl.config import PiecewiseConfig
+    from reasonrl.data.piecewise import piecewise_examples
+
+    train, held_out = piecewise_examples(PiecewiseConfig(), seed=0)
+    assert len(train) == len(held_out) == 1 and train == held_out
+    assert "ax+3" in train[0].prompt and "x-5" in train[0].prompt and "\\boxed{}" in train[0].prompt
+    assert json.loads(train[0].ground_truth) == {"a": -3, "b": 3, "k": 2}
+    train, held_out = piecewise_examples(PiecewiseConfig(train_variants=6, val_variants=4), seed=0)
+    assert (len(train), len(held_out)) == (7, 5)
+    consts = lambda xs: {(e.meta["k"], e.meta["p"], e.meta["q"]) for e in xs[1:]}  # noqa: E731
+    assert consts(train).isdisjoint(consts(held_out)) and len(consts(train)) == 6
+
+
+def test_load_examples_generators():
+    train, held_out = load_examples(DataConfig(task="countdown", val_size=5), seed=0)
+    assert len(train) == 2000 and len(held_out) == 5
+    train, held_out = load_examples(DataConfig(task="piecewise"), seed=0)
+    assert len(train) == 1
+
+
+# -------------------------------------------------------------------------- prepare
+
+
+def test_prepare_gsm8k_fixture():
+    from reasonrl.data.prepare import GSM8K_INSTRUCTION, prepare_gsm8k
+
+    records = prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl")
+    assert len(records) == 20
+    first = records[0]
+    assert first["ground_truth"] == "72" and first["data_source"] == "gsm8k"
+    assert first["prompt"].startswith("Natalia sold clips") and first["prompt"].endswith(GSM8K_INSTRUCTION)
+    assert first["extra_info"]["solution"].endswith("#### 72")
+    assert all("," not in r["ground_truth"] for r in records)
+    assert len(prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl", instruction="", limit=3)) == 3
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"question": "q"}', "field 'answer'"),
+    ('{"question": "q", "answer": "no marker"}', "field 'answer' must end in '#### <number>'"),
+    ('{"question": "q", "answer": "#### many"}', "field 'answer'"),
+    ('{"answer": "#### 1"}', "field 'question'"),
+])
+def test_prepare_gsm8k_errors(tmp_path, line, needle):
+    from reasonrl.data.prepare import prepare_gsm8k
+
+    path = write_lines(tmp_path, ['{"question": "q", "answer": "#### 1"}', line])
+    with pytest.raises(DataError, match=rf"data\.jsonl:2: {needle}"):
+        prepare_gsm8k(path)
+
+
+def test_prepare_math_fixture_and_official_folder(tmp_path):
+    from reasonrl.data.prepare import prepare_math
+
+    records = prepare_math(FIXTURES / "math_style.jsonl")
+    assert len(records) == 14
+    assert records[0]["ground_truth"] == "\\frac{1}{2}"  # last \boxed of the solution
+    assert records[5]["ground_truth"] == "1024"  # the answer field wins
+    assert records[0]["extra_info"]["level"] == "Level 1" and records[0]["data_source"] == "math"
+    folder = tmp_path / "MATH" / "train" / "algebra"
+    folder.mkdir(parents=True)
+    for i, line in enumerate((FIXTURES / "math_style.jsonl").read_text().splitlines()[:3]):
+        (folder / f"{i}.json").write_text(line)
+    assert [r["ground_truth"] for r in prepare_math(tmp_path / "MATH")] == [
+        r["ground_truth"] for r in records[:3]]
+    (folder / "9.json").write_text(json.dumps({"problem": "p", "solution": "no box"}))
+    with pytest.raises(DataError, match=r"9\.json:1: field 'solution' has no \\boxed"):
+        prepare_math(tmp_path / "MATH")
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_prepare_writes_files_the_loader_reads(tmp_path, suffix):
+    from reasonrl.data.prepare import prepare
+
+    for task in ("countdown", "piecewise"):
+        out = tmp_path / f"{task}.{suffix}"
+        assert prepare(task, out, size=5, seed=3) == 5
+        examples = load_file(out)
+        assert len(examples) == 5 and {e.data_source for e in examples} == {task}
+        assert "solution" in examples[0].meta
+    out = tmp_path / f"gsm8k.{suffix}"
+    prepare("gsm8k", out, FIXTURES / "gsm8k" / "test.jsonl")
+    assert len(load_file(out)) == 10
+    with pytest.raises(DataError, match="--input is required"):
+        prepare("math", out)

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from reasonrl.algo import clipped_policy_loss
 from reasonrl.batch import TrainBatch
 from reasonrl.policy.model import build_tiny_model
 from reasonrl.policy.worker import PolicyHyper, PolicyWorker, completion_logprobs, make_micro_batches
@@ -58,17 +59,37 @@ def test_temperature_scales_logits(base_model):
     torch.testing.assert_close(hot[0], expected, rtol=1e-5, atol=1e-5)
 
 
-def grads_after_step(model, micro_batch_size, loss_agg, beta=0.0, kl_estimator="k3"):
+def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, loss_mask=None, **hyper):
+    """One `train_step` on a copy of `model`; returns (the gradient at each optimizer step,
+    metrics, the worker). lr = 0 unless `sgd_lr`, which swaps AdamW for plain SGD so that
+    later steps depend on earlier gradients only linearly (round-off stays round-off)."""
     model = copy.deepcopy(model)
-    hyper = PolicyHyper(lr=0.0, max_grad_norm=0.0, micro_batch_size=micro_batch_size,
-                        loss_agg=loss_agg, beta=beta, kl_estimator=kl_estimator)
-    worker = PolicyWorker(model, pad_id=0, hyper=hyper)
-    if beta > 0:  # make the reference differ from the policy so the KL term has a gradient
+    hyper = {"lr": 0.0, "max_grad_norm": 0.0, **hyper}
+    worker = PolicyWorker(model, pad_id=0, hyper=PolicyHyper(micro_batch_size=micro_batch_size, **hyper))
+    if worker.ref_model is not None:  # make the reference differ so the KL term has a gradient
+        gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in worker.ref_model.parameters():
-                p.add_(0.01 * torch.randn_like(p))
-    metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, metrics
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    if sgd_lr is not None:
+        worker.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
+    steps = []
+    inner = worker.optimizer.step
+
+    def step(*args, **kwargs):
+        steps.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        return inner(*args, **kwargs)
+
+    worker.optimizer.step = step
+    metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, advantages, loss_mask))
+    return steps, metrics, worker
+
+
+def grads_after_step(model, micro_batch_size, loss_agg, beta=0.0, kl_estimator="k3", **hyper):
+    steps, metrics, _ = run_train_step(model, micro_batch_size, loss_agg=loss_agg, beta=beta,
+                                       kl_estimator=kl_estimator, **hyper)
+    assert len(steps) == 1
+    return steps[0], metrics
 
 
 def assert_grads_close(grads, expected, what):
@@ -80,42 +101,215 @@ def assert_grads_close(grads, expected, what):
         assert diff <= 1e-4 * scale + 1e-9, f"{what}: {name} differs by {diff} (scale {scale})"
 
 
-@pytest.mark.parametrize("loss_agg", ["token", "sequence"])
-@pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_gradient_does_not_depend_on_micro_batch_size(base_model, loss_agg, beta):
-    torch.manual_seed(0)
-    full, m_full = grads_after_step(base_model, 4, loss_agg, beta)
+AGGREGATIONS = ["token", "sequence", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+# everything that enters the loss at once: KL in the loss, entropy bonus, dual clip
+EXTRAS = {"beta": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01, "clip_ratio_c": 3.0}
+
+
+@pytest.mark.parametrize("loss_agg", AGGREGATIONS)
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize("extras", [False, True], ids=["plain", "kl+entropy+dual_clip"])
+def test_gradient_does_not_depend_on_micro_batch_size(base_model, loss_agg, ratio_level, extras):
+    """Micro-batch sizes 1, 2, 3 and the full batch (4) give the same gradient in every mode."""
+    hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8,
+                 **(EXTRAS if extras else {}))
+    (full,), m_full, _ = run_train_step(base_model, 4, **hyper)
+    assert max(g.abs().max().item() for g in full.values()) > 1e-3  # a real gradient
     for size in (1, 2, 3):
-        torch.manual_seed(0)
-        grads, metrics = grads_after_step(base_model, size, loss_agg, beta)
+        (grads,), metrics, _ = run_train_step(base_model, size, **hyper)
         assert_grads_close(grads, full, f"micro_batch_size={size}")
-        assert metrics["train/loss"] == pytest.approx(m_full["train/loss"], rel=1e-5, abs=1e-7)
+        for key in ("train/loss", "train/pg_loss", "train/entropy", "train/clip_frac"):
+            assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+        if extras:
+            assert metrics["train/kl"] == pytest.approx(m_full["train/kl"], rel=1e-5)
 
 
-@pytest.mark.parametrize("loss_agg", ["token", "sequence"])
-def test_gradient_equals_the_hand_written_objective(base_model, loss_agg):
-    """On-policy, the loss is -sum A_i logp_it / normaliser; compare to autograd of that."""
-    grads, _ = grads_after_step(base_model, 2, loss_agg)
+@pytest.mark.parametrize("loss_agg", AGGREGATIONS)
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_gradient_is_invariant_per_optimizer_step_with_mini_batches_and_epochs(
+        base_model, loss_agg, ratio_level):
+    """2 epochs x 2 mini-batches = 4 optimizer steps, each normalised over its own 2 rows;
+    the later steps are off-policy (ratio != 1), and still every step's gradient is the
+    same for micro-batch sizes 1, 2 (= the mini-batch) and 4."""
+    hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8, ppo_epochs=2,
+                 mini_batches=2, sgd_lr=0.5)
+    full, m_full, _ = run_train_step(base_model, 4, **hyper)
+    assert len(full) == 4 and m_full["train/updates"] == 4
+    assert abs(m_full["train/ratio_max"] - 1) > 1e-3 or abs(m_full["train/ratio_min"] - 1) > 1e-3
+    for size in (1, 2):
+        steps, metrics, _ = run_train_step(base_model, size, **hyper)
+        for k, (grads, expected) in enumerate(zip(steps, full, strict=True)):
+            assert_grads_close(grads, expected, f"micro_batch_size={size}, optimizer step {k}")
+        assert metrics["train/loss"] == pytest.approx(m_full["train/loss"], rel=1e-4, abs=1e-7)
+
+
+def test_mini_batch_invariance_with_kl_entropy_and_dual_clip(base_model):
+    """The precomputed reference log-probs (several updates) are laid out per micro-batch right."""
+    hyper = dict(ppo_epochs=2, mini_batches=2, sgd_lr=0.5, **EXTRAS)
+    full, m_full, _ = run_train_step(base_model, 4, **hyper)
+    for size in (1, 2):
+        steps, metrics, _ = run_train_step(base_model, size, **hyper)
+        for k, (grads, expected) in enumerate(zip(steps, full, strict=True)):
+            assert_grads_close(grads, expected, f"micro_batch_size={size}, optimizer step {k}")
+        assert metrics["train/kl"] == pytest.approx(m_full["train/kl"], rel=1e-4)
+    assert m_full["train/kl"] > 0
+
+
+def hand_written_objective(model, loss_agg, advantages=ADVANTAGES, max_len=8, old=None, clip=0.2,
+                           ratio_level="token"):
+    """The step's loss written out row by row from naive log-probs: PPO-clip per token (or
+    per sequence for GSPO), then the aggregation's normaliser over the whole batch."""
+    n, total_tokens = len(PROMPTS), sum(len(c) for c in COMPLETIONS)
+    objective = 0.0
+    for i, (p, c, a) in enumerate(zip(PROMPTS, COMPLETIONS, advantages, strict=True)):
+        logp = naive_logprobs(model, p, c)
+        old_i = logp.detach() if old is None else old[i]
+        log_ratio = logp - old_i
+        if ratio_level == "sequence":  # GSPO-token: value s_i, gradient s_i * grad logp_t
+            log_ratio = logp - logp.detach() + log_ratio.mean().detach()
+        ratio = torch.exp(log_ratio)
+        per_token = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip))
+        objective = objective + {
+            "token": per_token.sum() / total_tokens,
+            "sequence": per_token.mean() / n,
+            "seq_mean_token_sum": per_token.sum() / n,
+            "seq_mean_token_sum_norm": per_token.sum() / (n * max_len),
+        }[loss_agg]
+    return objective
+
+
+def model_grads(model, objective):
+    objective.backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss_agg", AGGREGATIONS)
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_gradient_equals_the_hand_written_objective(base_model, loss_agg, ratio_level):
+    """On-policy the loss is -sum A_i logp_it / normaliser (GSPO's too: s_i = 1 and
+    d s_i = mean_t d logp_it); compare to autograd of that, written row by row."""
+    grads, _ = grads_after_step(base_model, 2, loss_agg, ratio_level=ratio_level, max_response_length=8)
+    model = copy.deepcopy(base_model)
+    expected = model_grads(model, hand_written_objective(model, loss_agg, ratio_level=ratio_level))
+    assert_grads_close(grads, expected, "hand-written")
+
+
+@pytest.mark.parametrize(("loss_agg", "ratio_level"), [("token", "token"), ("sequence", "sequence")])
+def test_second_epoch_gradient_equals_the_off_policy_ppo_objective(base_model, loss_agg, ratio_level):
+    """ppo_epochs=2 with SGD: the second update's gradient is that of the clipped objective
+    at the once-updated weights with ratios against the ORIGINAL weights' log-probs."""
+    lr = 2.0
+    steps, metrics, _ = run_train_step(base_model, 2, sgd_lr=lr, loss_agg=loss_agg,
+                                       ratio_level=ratio_level, ppo_epochs=2)
+    with torch.no_grad():
+        old = [naive_logprobs(base_model, p, c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    moved = copy.deepcopy(base_model)
+    with torch.no_grad():
+        for name, p in moved.named_parameters():
+            p.sub_(lr * steps[0][name])
+    expected = model_grads(moved, hand_written_objective(moved, loss_agg, old=old, ratio_level=ratio_level))
+    assert_grads_close(steps[1], expected, "second epoch")
+    assert metrics["train/ratio_max"] > 1.01  # the second update is really off-policy
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_loss_gradient_for_each_estimator(base_model, estimator):
+    """loss = pg + beta * token_mean(k(logp, ref)); compare to autograd of that, written out."""
+    beta = 0.5
+    grads, metrics = grads_after_step(base_model, 3, "token", beta=beta, kl_estimator=estimator)
+    _, _, worker = run_train_step(base_model, 3, beta=beta, kl_estimator=estimator)
     model = copy.deepcopy(base_model)
     total_tokens = sum(len(c) for c in COMPLETIONS)
-    objective = 0.0
-    for p, c, a in zip(PROMPTS, COMPLETIONS, ADVANTAGES, strict=True):
+    objective, kl_total = hand_written_objective(model, "token"), 0.0
+    for p, c in zip(PROMPTS, COMPLETIONS, strict=True):
         logp = naive_logprobs(model, p, c)
-        if loss_agg == "token":
-            objective = objective + (-a * logp).sum() / total_tokens
-        else:
-            objective = objective + (-a * logp).mean() / len(PROMPTS)
-    objective.backward()
-    assert_grads_close(grads, {n: p.grad for n, p in model.named_parameters()}, "hand-written")
+        with torch.no_grad():
+            ref = naive_logprobs(worker.ref_model, p, c)
+        kl = {"k1": logp - ref, "k2": 0.5 * (logp - ref) ** 2,
+              "k3": torch.exp(ref - logp) - (ref - logp) - 1}[estimator]
+        objective = objective + beta * kl.sum() / total_tokens
+        kl_total += kl.sum().item()
+    assert_grads_close(grads, model_grads(model, objective), f"KL {estimator} in loss")
+    assert metrics["train/kl"] == pytest.approx(kl_total / total_tokens, rel=1e-4)
 
 
 def test_kl_in_loss_adds_beta_times_kl(base_model):
     _, plain = grads_after_step(base_model, 4, "token", beta=0.0)
-    torch.manual_seed(0)
     _, with_kl = grads_after_step(base_model, 4, "token", beta=0.1)
     assert with_kl["train/kl"] > 0
     assert with_kl["train/loss"] == pytest.approx(plain["train/loss"] + 0.1 * with_kl["train/kl"], rel=1e-5)
     assert "train/kl" not in plain  # no reference model, no KL metric
+
+
+def test_kl_in_reward_or_log_kl_leaves_the_loss_alone(base_model):
+    """kl_in=reward (the trainer penalises the rewards) and log_kl with beta=0 both keep a
+    reference model and log train/kl, but the loss gradient is the plain policy gradient."""
+    plain, m_plain = grads_after_step(base_model, 4, "token")
+    for hyper in ({"beta": 0.1, "kl_in": "reward"}, {"beta": 0.0, "log_kl": True}):
+        grads, metrics = grads_after_step(base_model, 4, "token", **hyper)
+        assert_grads_close(grads, plain, str(hyper))
+        assert metrics["train/kl"] > 0 and metrics["train/loss"] == pytest.approx(m_plain["train/loss"])
+
+
+def test_entropy_bonus_gradient(base_model):
+    """loss = pg - coef * token_mean(entropy): compare to autograd of that, written out."""
+    coef = 0.3
+    grads, metrics = grads_after_step(base_model, 2, "token", entropy_coef=coef)
+    _, plain = grads_after_step(base_model, 2, "token")
+    assert metrics["train/entropy"] > 1.0  # a random model over a 49k vocabulary
+    assert metrics["train/loss"] == pytest.approx(plain["train/loss"] - coef * metrics["train/entropy"],
+                                                  rel=1e-5)
+    model = copy.deepcopy(base_model)
+    total_tokens = sum(len(c) for c in COMPLETIONS)
+    objective = hand_written_objective(model, "token")
+    for p, c in zip(PROMPTS, COMPLETIONS, strict=True):
+        logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1: len(p) - 1 + len(c)]
+        logq = torch.log_softmax(logits.float(), -1)
+        objective = objective - coef * (-(logq.exp() * logq).sum(-1)).sum() / total_tokens
+    assert_grads_close(grads, model_grads(model, objective), "entropy bonus")
+
+
+def test_second_epoch_ratio_differs_from_one_and_clips(base_model, monkeypatch):
+    """Old log-probs are taken once, before the first update: the first epoch sees ratio 1
+    (up to round-off), the second sees the moved policy, and the clip acts."""
+    import reasonrl.policy.worker as worker_module
+
+    ratios = []
+
+    def recording(*args, **kwargs):
+        out = clipped_policy_loss(*args, **kwargs)
+        mask = args[6]  # (logp, old, adv, clip_low, clip_high, clip_ratio_c, mask, level)
+        ratios.append(out.ratio[mask.bool()])
+        return out
+
+    monkeypatch.setattr(worker_module, "clipped_policy_loss", recording)
+    steps, metrics, _ = run_train_step(base_model, 4, lr=5e-2, ppo_epochs=2)
+    assert len(steps) == 2 and len(ratios) == 2  # one micro-batch per epoch
+    assert (ratios[0] - 1).abs().max().item() < 1e-4
+    assert (ratios[1] - 1).abs().max().item() > 0.2
+    assert metrics["train/clip_frac"] > 0 and metrics["train/ratio_max"] > 1.2
+
+
+def test_one_update_needs_no_old_logprob_pass(base_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(PolicyWorker, "row_logprobs", lambda self, *a: calls.append(a) or [])
+    run_train_step(base_model, 2)
+    assert calls == []
+
+
+def test_mini_batches_split_the_rows_and_step_each(base_model):
+    steps, metrics, worker = run_train_step(base_model, 8, mini_batches=2, ppo_epochs=3)
+    assert len(steps) == 6 and metrics["train/updates"] == 6.0
+    assert metrics["train/tokens"] == 11 and metrics["train/sequences"] == 4
+    assert worker.scheduler.last_epoch == 1  # the LR schedule counts training steps, not updates
+
+
+def test_empty_loss_mask_skips_the_update(base_model):
+    steps, metrics, worker = run_train_step(base_model, 2, lr=1e-2,
+                                            loss_mask=torch.zeros(4, dtype=torch.bool))
+    assert steps == [] and metrics["train/skipped_update"] == 1.0 and metrics["train/tokens"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(worker.model.parameters(), base_model.parameters(),
+                                                  strict=True))
 
 
 def test_reference_model_only_when_beta_positive(base_model):

@@ -8,49 +8,93 @@ from __future__ import annotations
 
 import torch
 
-ADVANTAGE_MODES = ("raw", "grpo", "grpo_no_std")
+ADVANTAGE_MODES = ("raw", "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp",
+                   "reinforce_pp_baseline")
+# Modes whose baseline comes from the other samples of the same prompt (need rollout.n >= 2).
+GROUP_ADVANTAGE_MODES = ("grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline")
 
 
-def _group_stats(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-group mean and unbiased std (as torch.std and TRL; 0 for a group of one)."""
+def _group_stats(rewards: torch.Tensor, group: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group count, mean and unbiased std (as torch.std and TRL; 0 for a group of one)."""
     num_groups = int(group.max().item()) + 1
     count = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, torch.ones_like(rewards))
     mean = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, rewards) / count
     sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, (rewards - mean[group]) ** 2)
-    return mean, (sq / (count - 1).clamp(min=1)).sqrt()
+    return count, mean, (sq / (count - 1).clamp(min=1)).sqrt()
 
 
 def group_mean_std(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's group mean and std, broadcast back to rows."""
-    mean, std = _group_stats(rewards, group)
+    _, mean, std = _group_stats(rewards, group)
     return mean[group], std[group]
+
+
+def _batch_normalise(x: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """(x - mean(x)) / (std(x) + eps) over the whole batch; 0 where the batch is flat."""
+    std = x.std() if len(x) > 1 else torch.zeros((), dtype=x.dtype)
+    if std <= 0:
+        return torch.zeros_like(x)
+    return (x - x.mean()) / (std + std_eps)
 
 
 def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
                      std_eps: float = 1e-4) -> torch.Tensor:
-    """Advantage of each completion relative to the other samples of its prompt.
+    """Advantage of each completion, from its reward and the rewards around it.
 
     - `raw`: A_i = r_i (REINFORCE without a baseline; Williams 1992).
     - `grpo`: A_i = (r_i - mean(r_group)) / (std(r_group) + eps), the group-normalised
       advantage of GRPO (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2).
-    - `grpo_no_std`: A_i = r_i - mean(r_group), GRPO without the std division, which
-      Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training") shows removes a
-      question-difficulty bias.
-    A group whose rewards are all equal gets advantage 0 in `grpo`/`grpo_no_std`.
+    - `grpo_no_std` and `dr_grpo` (the same numbers): A_i = r_i - mean(r_group). Dr. GRPO
+      (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783) drops the
+      std division, which favours too-easy and too-hard questions; its other half, no
+      length normalisation, is the loss aggregation `seq_mean_token_sum_norm`.
+    - `rloo`: A_i = r_i - mean_{j != i, j in group} r_j = G / (G - 1) * (r_i - mean(r_group)),
+      the leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a
+      Baseline for Free!"; Ahmadian et al. 2024, "Back to Basics", the RLOO estimator). A group of one
+      has no other sample: its advantage is 0.
+    - `reinforce_pp`: A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps): REINFORCE++
+      (Hu et al. 2025, arXiv:2501.03262, "global advantage normalization"): no per-prompt
+      baseline, one normalisation over the whole batch. (The paper whitens per token; with
+      one reward per completion and gamma = 1 we normalise per completion.)
+    - `reinforce_pp_baseline`: r_i - mean(r_group), then normalised over the batch as in
+      `reinforce_pp` (REINFORCE++ w/ baseline, same paper; OpenRLHF/verl
+      `reinforce_plus_plus_baseline`).
+    Std is the unbiased estimate. A group (or batch) whose rewards are all equal gets
+    advantage 0 in every mode but `raw`, also with std_eps = 0 (where 0/0 would be NaN).
     """
     rewards = rewards.float()
     if mode == "raw":
         return rewards.clone()
-    mean, std = group_mean_std(rewards, group)
+    if mode == "reinforce_pp":
+        return _batch_normalise(rewards, std_eps)
+    count, mean, std = _group_stats(rewards, group)
+    centred = rewards - mean[group]
     if mode == "grpo":
-        # A flat group is exactly 0 (also with std_eps=0, where 0/0 would be NaN).
-        return torch.where(std > 0, (rewards - mean) / (std + std_eps), torch.zeros_like(rewards))
-    if mode == "grpo_no_std":
-        return rewards - mean
+        std = std[group]
+        return torch.where(std > 0, centred / (std + std_eps), torch.zeros_like(rewards))
+    if mode in ("grpo_no_std", "dr_grpo"):
+        return centred
+    if mode == "rloo":
+        g = count[group]
+        return torch.where(g > 1, centred * g / (g - 1).clamp(min=1), torch.zeros_like(rewards))
+    if mode == "reinforce_pp_baseline":
+        return _batch_normalise(centred, std_eps)
     raise ValueError(f"unknown advantage mode {mode!r}; allowed: {', '.join(ADVANTAGE_MODES)}")
+
+
+def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
+    """[N] bool: rows whose group's reward std is above `tol`.
+
+    DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2, the constraint of eq. 11) keeps only
+    prompts whose samples are neither all right nor all wrong: a flat group has group
+    advantage 0 and only dilutes the batch. `tol` absorbs float noise (0.1 + 0.2 vs 0.3).
+    """
+    _, _, std = _group_stats(rewards.float(), group)
+    return std[group] > tol
 
 
 def zero_variance_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> int:
     """How many groups have (numerically) identical rewards: they carry no GRPO signal."""
-    _, std = _group_stats(rewards.float(), group)
+    _, _, std = _group_stats(rewards.float(), group)
     return int((std <= tol).sum().item())

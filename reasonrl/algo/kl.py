@@ -46,5 +46,9 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
 def kl_penalised_rewards(rewards: torch.Tensor, kl_per_token: torch.Tensor, mask: torch.Tensor,
                          beta: float) -> torch.Tensor:
     """r_i - beta * sum_t KL_t: the KL-in-reward form (PPO-RLHF, Ouyang et al. 2022;
-    used by Transparent GRPO with k1), summed over the completion's valid tokens."""
+    used by Transparent GRPO with k1), summed over the completion's valid tokens.
+    `kl_per_token` and `mask` are [N, T]; a 1-D input would be summed over completions."""
+    if kl_per_token.dim() != 2 or mask.shape != kl_per_token.shape:
+        raise ValueError(f"kl_per_token and mask must both be [N, T], got {tuple(kl_per_token.shape)} "
+                         f"and {tuple(mask.shape)}")
     return rewards - beta * (kl_per_token * mask).sum(-1)

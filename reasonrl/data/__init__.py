@@ -1,7 +1,9 @@
-"""Task data: `Example` records from JSONL files or built-in seeded generators.
+"""Task data: `Example` records from files (JSONL, Parquet, `datasets` folders) or built-in
+seeded generators (arithmetic, Countdown, the piecewise toy problem).
 
 `load_examples(cfg.data, seed)` returns (train, held_out) lists; `render_prompt` turns an
-example into the text the model sees (chat template applied or not).
+example into the text the model sees (chat template applied or not). `prepare.py` converts
+public datasets (GSM8K, MATH) to files this loader reads.
 """
 
 from __future__ import annotations
@@ -12,68 +14,99 @@ from pathlib import Path
 
 from reasonrl.batch import Example
 from reasonrl.config import ArithmeticConfig, DataConfig
+from reasonrl.data.readers import DataError, iter_records
 
 
-class DataError(ValueError):
-    """Bad task data; the message names the file, line and field."""
+def _get(record: dict, dotted: str) -> tuple[bool, object]:
+    """(found, value) of a dotted field path like `reward_model.ground_truth`. A null is not
+    found: Parquet fills a column that some records lack with nulls."""
+    node: object = record
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            return False, None
+        node = node[part]
+    return True, node
 
 
-def load_jsonl(path: str | Path, data_source: str | None = None) -> list[Example]:
-    """Read one `Example` per line.
+def load_file(path: str | Path, data_source: str | None = None,
+              fields: dict[str, str] | None = None) -> list[Example]:
+    """Read one `Example` per record of a JSONL / JSON / Parquet file or `datasets` folder.
 
-    Each line is a JSON object with `prompt` (a string) or `messages` (a list of
-    {"role", "content"}), `ground_truth` (string or number), and optional `data_source`
-    and `meta` (or `extra_info`). Blank lines are skipped; anything else malformed raises
-    `DataError` naming file:line and the field, before any training starts.
+    A record has `prompt` (a string, or a list of {"role", "content"} messages as in verl's
+    Parquet files) or `messages` (a list of messages), `ground_truth` (string, number, or an
+    object, kept as JSON text; verl's `reward_model.ground_truth` is found too), and optional
+    `data_source` (default: `data_source` or the file's stem) and `extra_info` (or `meta`).
+    `fields` renames them: {"prompt": "question", "ground_truth": "reward_model.ground_truth"}.
+    Anything malformed raises `DataError` naming file:line and the field, before training.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: data file does not exist")
     source = data_source or path.stem
-    examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            examples.append(_record_to_example(record, where, source))
+    examples = [_record_to_example(record, where, source, fields or {})
+                for where, record in iter_records(path)]
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples
 
 
-def _record_to_example(record: object, where: str, source: str) -> Example:
+def load_jsonl(path: str | Path, data_source: str | None = None) -> list[Example]:
+    """`load_file` for a JSONL file (kept for its callers; any supported format works)."""
+    return load_file(path, data_source)
+
+
+def load_files(paths: str, fields: dict[str, str] | None = None) -> list[Example]:
+    """`load_file` over a comma-separated list of paths, concatenated in order."""
+    examples = []
+    for path in (p.strip() for p in paths.split(",")):
+        if path:
+            examples += load_file(path, fields=fields)
+    return examples
+
+
+def _record_to_example(record: object, where: str, source: str, fields: dict[str, str]) -> Example:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if "prompt" in record:
-        prompt = record["prompt"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{where}: field 'prompt' must be a non-empty string")
-    elif "messages" in record:
-        prompt = record["messages"]
+
+    def field(name: str) -> tuple[bool, object, str]:
+        key = fields.get(name, name)
+        found, value = _get(record, key)
+        return found, value, key
+
+    has_prompt, prompt, prompt_key = field("prompt")
+    has_messages, messages, messages_key = field("messages")
+    if has_prompt and isinstance(prompt, list) or not has_prompt and has_messages:
+        key = prompt_key if has_prompt else messages_key
+        prompt = prompt if has_prompt else messages
         ok = isinstance(prompt, list) and prompt and all(
             isinstance(m, dict) and isinstance(m.get("role"), str)
             and isinstance(m.get("content"), str) for m in prompt)
         if not ok:
-            raise DataError(f"{where}: field 'messages' must be a non-empty list of "
+            raise DataError(f"{where}: field '{key}' must be a non-empty list of "
                             '{"role": str, "content": str} objects')
+        prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    elif has_prompt:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DataError(f"{where}: field '{prompt_key}' must be a non-empty string "
+                            "(or a list of messages)")
     else:
-        raise DataError(f"{where}: missing field 'prompt' (or 'messages')")
-    if "ground_truth" not in record:
-        raise DataError(f"{where}: missing field 'ground_truth'")
-    truth = record["ground_truth"]
+        raise DataError(f"{where}: missing field '{prompt_key}' (or '{messages_key}')")
+    found, truth, truth_key = field("ground_truth")
+    if not found and "ground_truth" not in fields:
+        found, truth = _get(record, "reward_model.ground_truth")  # verl's layout
+    if not found:
+        raise DataError(f"{where}: missing field '{truth_key}'")
+    if isinstance(truth, dict):
+        truth = json.dumps(truth, sort_keys=True)
     if isinstance(truth, bool) or not isinstance(truth, (str, int, float)) or str(truth) == "":
-        raise DataError(f"{where}: field 'ground_truth' must be a non-empty string or number")
-    meta = record.get("meta", record.get("extra_info", {}))
+        raise DataError(f"{where}: field '{truth_key}' must be a non-empty string, number or object")
+    meta_key = fields.get("extra_info", "meta" if "meta" in record else "extra_info")
+    meta = _get(record, meta_key)[1]
+    meta = {} if meta is None else meta
     if not isinstance(meta, dict):
-        raise DataError(f"{where}: field 'meta' must be an object")
-    data_source = record.get("data_source", source)
+        raise DataError(f"{where}: field '{meta_key}' must be an object")
+    found, data_source, source_key = field("data_source")
+    data_source = data_source if found else source
     if not isinstance(data_source, str):
-        raise DataError(f"{where}: field 'data_source' must be a string")
+        raise DataError(f"{where}: field '{source_key}' must be a string")
     return Example(prompt=prompt, ground_truth=str(truth), data_source=data_source,
                    meta={**meta, "origin": where})
 
@@ -135,16 +168,45 @@ def load_examples(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Examp
     """(train, held_out) for the configured task; held_out may be empty."""
     if cfg.task == "arithmetic":
         train, held_out = arithmetic_examples(cfg.arithmetic, seed)
-    elif cfg.task == "jsonl":
-        train = load_jsonl(cfg.train_path)
-        held_out = load_jsonl(cfg.val_path) if cfg.val_path else []
+    elif cfg.task in ("file", "jsonl"):
+        train = load_files(cfg.train_path, cfg.fields)
+        held_out = load_files(cfg.val_path, cfg.fields) if cfg.val_path else []
+    elif cfg.task == "countdown":
+        from reasonrl.data.countdown import countdown_examples
+
+        train, held_out = countdown_examples(cfg.countdown, seed)
+    elif cfg.task == "piecewise":
+        from reasonrl.data.piecewise import piecewise_examples
+
+        train, held_out = piecewise_examples(cfg.piecewise, seed)
     else:
         raise DataError(f"data.task: unknown task {cfg.task!r}")
     if not train:
         raise DataError("the training set is empty")
     if cfg.val_size:
-        held_out = held_out[: cfg.val_size]
+        held_out = take_per_source(held_out, cfg.val_size)
     return train, held_out
+
+
+def take_per_source(examples: list[Example], count: int) -> list[Example]:
+    """At most `count` examples, shared evenly between data sources (round robin, each
+    source in file order), so capping a mixed validation set keeps every source in it.
+    With one source this is simply the first `count`."""
+    by_source: dict[str, list[Example]] = {}
+    for e in examples:
+        by_source.setdefault(e.data_source, []).append(e)
+    if len(by_source) == 1:
+        return examples[:count]
+    queues = [iter(v) for v in by_source.values()]
+    taken: list[Example] = []
+    while queues and len(taken) < count:
+        for q in list(queues):
+            e = next(q, None)
+            if e is None:
+                queues.remove(q)
+            elif len(taken) < count:
+                taken.append(e)
+    return taken
 
 
 def render_prompt(example: Example, tokenizer, apply_chat_template: bool,

@@ -1,9 +1,9 @@
-"""The policy worker: holds the trainable model (and the reference model when beta > 0),
-computes completion log-probs, and performs one optimizer step per `TrainBatch`.
+"""The policy worker: holds the trainable model (and the reference model when beta > 0 or
+`log_kl`), computes completion log-probs, and turns one `TrainBatch` into optimizer steps.
 
 It knows nothing about rollouts, rewards or where it runs; the trainer hands it token
 ids and advantages. Micro-batches are bucketed by length so padding costs little, and
-the loss is normalised by totals over the whole step so the gradient is the same
+the loss is normalised by totals over each optimizer step so the gradient is the same
 whatever `micro_batch_size` is.
 """
 
@@ -34,13 +34,20 @@ class PolicyHyper:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8
+    mini_batches: int = 1  # optimizer steps per pass over the batch
+    ppo_epochs: int = 1  # passes over the batch
     total_steps: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.2
+    clip_ratio_c: float = 0.0  # dual clip; 0 = off
+    ratio_level: str = "token"
     loss_agg: str = "token"
+    max_response_length: int = 0  # Dr. GRPO's constant; 0 = the longest completion in the batch
     beta: float = 0.0
     kl_estimator: str = "k3"
     kl_in: str = "loss"
+    log_kl: bool = False  # keep a reference model for the train/kl metric even when beta = 0
+    entropy_coef: float = 0.0
     temperature: float = 1.0  # log-probs are those of the sampling distribution
 
 
@@ -96,9 +103,10 @@ def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[in
     return batches
 
 
-def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
-                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [M, T] of the completion tokens (and their entropies if asked).
+def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
+                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [M, T] of the completion tokens (and their entropies [M, T] if asked;
+    differentiable only with `entropy_grad`, which keeps the [M, T, vocab] graph alive).
 
     The LM head runs only on the positions that predict completion tokens: for a
     135M model with a 49k vocabulary the head costs about a quarter of the forward,
@@ -114,9 +122,18 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
     token_logp = torch.gather(log_probs, -1, mb.targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = -(log_probs.exp() * log_probs).sum(-1)
     return token_logp, entropy
+
+
+def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
+    """Per-row values (row j has len_j <= T entries) laid into a copy of `fill` [M, T].
+    Positions past a row's end keep `fill`'s value: masked anyway, and finite there."""
+    out = fill.detach().clone()
+    for j, values in enumerate(rows):
+        out[j, : len(values)] = values
+    return out
 
 
 class PolicyWorker:
@@ -124,7 +141,7 @@ class PolicyWorker:
         self.model, self.pad_id, self.h = model, pad_id, hyper
         self.model.train()
         self.ref_model = None
-        if hyper.beta > 0:  # only then is a frozen copy worth its memory
+        if hyper.beta > 0 or hyper.log_kl:  # only then is a frozen copy worth its memory
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=hyper.lr,
@@ -134,13 +151,24 @@ class PolicyWorker:
                                                     hyper.warmup_ratio, hyper.min_lr_ratio))
         self.step = 0
 
-    # ---- log-probs without gradients (reference model, KL in reward) ----------------
+    # ---- log-probs without gradients (old policy, reference model, KL in reward) ------
+
+    @torch.no_grad()
+    def row_logprobs(self, model, prompt_ids: list[list[int]],
+                     completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's token log-probs under `model`, one unpadded tensor per row."""
+        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+            logp, _ = completion_logprobs(model, mb, self.h.temperature)
+            for j, i in enumerate(mb.rows):
+                out[i] = logp[j, : len(completion_ids[i])].clone()
+        return out
 
     @torch.no_grad()
     def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
         """Sum over each completion of the per-token KL estimate to the reference [N]."""
         if self.ref_model is None:
-            raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0)")
+            raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
         out = torch.zeros(len(prompt_ids))
         for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
             logp, _ = completion_logprobs(self.model, mb, self.h.temperature)
@@ -149,14 +177,18 @@ class PolicyWorker:
             out[mb.rows] = (kl * mb.mask).sum(-1)
         return out
 
-    # ---- one optimizer step ----------------------------------------------------------
+    # ---- the updates of one training step ----------------------------------------------
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on `batch` (on-policy: old log-probs = current, ratio = 1).
+        """`ppo_epochs` passes over `batch`, each split into `mini_batches` optimizer steps.
 
-        The PPO ratio still appears so that clipping and importance weights carry over
-        unchanged to several updates per batch; with one update it is exactly 1 and the
-        gradient is the policy gradient A * grad log pi.
+        With one update (the default) the update is on-policy: the old log-probs are the
+        current ones (ratio = 1, no extra forward) and the gradient is the policy gradient
+        A * grad log pi. With more, the old log-probs are computed once, before the first
+        update, so later updates see ratio != 1 and the clip acts (PPO, Schulman et al.
+        2017, sec. 5). Mini-batches are contiguous slices of the batch, the same in every
+        epoch; each is normalised on its own (see `aggregate`). The LR schedule advances
+        once per call, whatever the number of updates.
         """
         h = self.h
         n = len(batch.advantages)
@@ -165,49 +197,98 @@ class PolicyWorker:
         prompt_ids = [batch.prompt_ids[i] for i in rows]
         completion_ids = [batch.completion_ids[i] for i in rows]
         advantages = batch.advantages[rows].float()
+        max_len = float(h.max_response_length or max((len(c) for c in completion_ids), default=1))
+        lr = self.optimizer.param_groups[0]["lr"]
+
+        old_logp = ref_logp = None
+        if rows and h.ppo_epochs * h.mini_batches > 1:
+            old_logp = self.row_logprobs(self.model, prompt_ids, completion_ids)
+            if self.ref_model is not None:
+                ref_logp = self.row_logprobs(self.ref_model, prompt_ids, completion_ids)
+        splits = [s.tolist() for s in torch.arange(len(rows)).tensor_split(h.mini_batches) if len(s)]
+        updates = []
+        for _ in range(h.ppo_epochs):
+            for idx in splits:
+                updates.append(self._update(
+                    [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], advantages[idx],
+                    None if old_logp is None else [old_logp[i] for i in idx],
+                    None if ref_logp is None else [ref_logp[i] for i in idx], max_len))
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()  # the schedule counts training steps, updated or skipped
+        self.step += 1
+
+        metrics = {"train/loss": 0.0, "train/pg_loss": 0.0, "train/grad_norm": 0.0,
+                   "train/skipped_update": 1.0}  # stays so when no row entered the loss
+        if updates:
+            for key in updates[0]:
+                values = [u[key] for u in updates]
+                reduce = max if key.endswith("_max") else min if key.endswith("_min") else None
+                metrics[f"train/{key}"] = reduce(values) if reduce else sum(values) / len(values)
+        metrics.update({"train/lr": lr, "train/tokens": float(sum(len(c) for c in completion_ids)),
+                        "train/sequences": float(len(rows)), "train/updates": float(len(updates))})
+        return metrics
+
+    def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
+                ref_logp: list[torch.Tensor] | None, max_len: float) -> dict[str, float]:
+        """One optimizer step on these rows; normalisers are totals over exactly these rows."""
+        h = self.h
         num_tokens = float(sum(len(c) for c in completion_ids))
-        num_sequences = float(len(rows))
-        sums = dict(loss=0.0, pg_loss=0.0, kl=0.0, entropy=0.0, clip_frac=0.0)
+        num_sequences = float(len(completion_ids))
+
+        def agg(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return aggregate(per_token, mask, h.loss_agg, num_tokens, num_sequences, max_len)
+
+        def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> float:
+            return ((per_token.detach().float() * mask).sum() / max(num_tokens, 1.0)).item()
+
+        sums = dict(loss=0.0, pg_loss=0.0, entropy=0.0, clip_frac=0.0, dual_clip_frac=0.0, ratio_mean=0.0)
+        if self.ref_model is not None:
+            sums["kl"] = 0.0
+        ratio_max, ratio_min = -math.inf, math.inf
         self.optimizer.zero_grad(set_to_none=True)
         for mb in make_micro_batches(prompt_ids, completion_ids, h.micro_batch_size, self.pad_id):
-            logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True)
-            old_logp = logp.detach()
-            pg_tok, clipped = clipped_policy_loss(logp, old_logp, advantages[mb.rows],
-                                                  h.clip_low, h.clip_high)
-            loss = aggregate(pg_tok, mb.mask, h.loss_agg, num_tokens, num_sequences)
+            logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True,
+                                                entropy_grad=h.entropy_coef != 0)
+            old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
+            pg = clipped_policy_loss(logp, old, advantages[mb.rows], h.clip_low, h.clip_high,
+                                     h.clip_ratio_c, mb.mask, h.ratio_level)
+            loss = agg(pg.loss, mb.mask)
             sums["pg_loss"] += loss.item()
+            if h.entropy_coef != 0:
+                loss = loss - h.entropy_coef * agg(entropy, mb.mask)
             if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logp, _ = completion_logprobs(self.ref_model, mb, h.temperature)
-                kl_tok = kl_estimate(logp, ref_logp, h.kl_estimator)
-                kl_term = aggregate(kl_tok, mb.mask, h.loss_agg, num_tokens, num_sequences)
-                sums["kl"] += kl_term.item()
-                if h.kl_in == "loss":
-                    loss = loss + h.beta * kl_term
+                if ref_logp is None:
+                    with torch.no_grad():
+                        ref, _ = completion_logprobs(self.ref_model, mb, h.temperature)
+                else:
+                    ref = pad_like([ref_logp[i] for i in mb.rows], logp)
+                kl_tok = kl_estimate(logp, ref, h.kl_estimator)
+                sums["kl"] += token_mean(kl_tok, mb.mask)
+                if h.beta > 0 and h.kl_in == "loss":
+                    loss = loss + h.beta * agg(kl_tok, mb.mask)
             loss.backward()
             sums["loss"] += loss.item()
-            sums["entropy"] += ((entropy * mb.mask).sum() / max(num_tokens, 1.0)).item()
-            sums["clip_frac"] += ((clipped.float() * mb.mask).sum() / max(num_tokens, 1.0)).item()
+            sums["entropy"] += token_mean(entropy, mb.mask)
+            sums["clip_frac"] += token_mean(pg.clipped, mb.mask)
+            sums["dual_clip_frac"] += token_mean(pg.dual_clipped, mb.mask)
+            sums["ratio_mean"] += token_mean(pg.ratio, mb.mask)
+            valid = pg.ratio[mb.mask.bool()]
+            if valid.numel():
+                ratio_max = max(ratio_max, valid.max().item())
+                ratio_min = min(ratio_min, valid.min().item())
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = h.max_grad_norm if h.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
-        lr = self.optimizer.param_groups[0]["lr"]
         skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()  # the schedule counts steps, taken or skipped
         else:
             self.optimizer.step()
-            self.scheduler.step()
-        self.step += 1
-        metrics = {f"train/{k}": v for k, v in sums.items()}
-        if self.ref_model is None:
-            del metrics["train/kl"]
-        metrics.update({"train/grad_norm": grad_norm, "train/lr": lr,
-                        "train/skipped_update": float(skipped), "train/tokens": num_tokens})
-        return metrics
+        return {**sums, "ratio_max": ratio_max if ratio_max > -math.inf else 1.0,
+                "ratio_min": ratio_min if ratio_min < math.inf else 1.0,
+                "grad_norm": grad_norm, "skipped_update": float(skipped)}
 
     # ---- weights ----------------------------------------------------------------------
 

@@ -2,14 +2,17 @@
 
 A reward component is a function (completion, ground_truth) -> float. `score` runs a
 weighted set of components over a batch and reports each one's raw scores for logging.
+The `correct` component is task-specific: each sample's task verifier (numeric, gsm8k,
+math, countdown, piecewise, or a custom `reward.fn`; see `verifiers.py`) scores it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
+from reasonrl.rewards.countdown import parse_countdown_truth
 from reasonrl.rewards.extract import (
     extract_answer,
     extract_answer_tag,
@@ -25,13 +28,27 @@ from reasonrl.rewards.numeric import (
     GroundTruthError,
     numbers_equal,
     numeric_reward,
+    parse_ground_truth_number,
     parse_number,
+)
+from reasonrl.rewards.piecewise import parse_piecewise_truth
+from reasonrl.rewards.pool import Call, get_pool
+from reasonrl.rewards.verifiers import (
+    TASKS,
+    Verifier,
+    as_score,
+    check_signature,
+    load_target,
+    make_verifier,
+    task_for_source,
+    verifier_for,
 )
 
 RewardFn = Callable[[str, str], float]  # (completion, ground_truth) -> score
 
 REWARD_COMPONENTS: dict[str, str] = {
-    "correct": "1 if the extracted answer equals the ground truth (boxed > tag > last number)",
+    "correct": "the task verifier's score (reward.task / data_source / reward.fn); numeric: 1 if "
+               "the extracted answer equals the ground truth (boxed > tag > last number)",
     "format": "DeepSeek-R1 <think></think><answer></answer> format: 0, 0.5, or 1 with a \\boxed{}",
     "boxed": "1 if the completion contains a complete \\boxed{...} (MATH convention)",
     "answer_present": "1 if an answer can be extracted and parses as a number, right or wrong",
@@ -77,77 +94,214 @@ def make_reward_fn(name: str, fallback_last_number: bool = True) -> RewardFn:
 
 @dataclass
 class RewardResult:
-    """Weighted totals per sample, raw per-component scores, and how many calls raised."""
+    """Weighted totals per sample, raw per-component scores, and what went wrong.
+
+    `parts[i]` holds the named parts a task verifier returned for sample i (partial credits,
+    flags); `failures[i]` says why sample i's `correct` scored 0 without a verdict ("timeout"
+    or the exception), for the samples where that happened.
+    """
 
     total: list[float]
     components: dict[str, list[float]]
     errors: int
+    timeouts: int = 0
+    parts: list[dict[str, float]] = field(default_factory=list)
+    failures: dict[int, str] = field(default_factory=dict)
+
+
+def _run_verifiers(completions: list[str], ground_truths: list[str], verifiers: list[Verifier],
+                   extra_infos: list[dict]) -> tuple[list[float], RewardResult]:
+    """`correct` for every sample; isolated verifiers go to the worker pool as one batch."""
+    n = len(completions)
+    scores, result = [0.0] * n, RewardResult([], {}, 0, 0, [{} for _ in range(n)], {})
+    remote: dict[tuple[float, int], list[int]] = {}
+    for i, v in enumerate(verifiers):
+        if v.isolated:
+            remote.setdefault((v.timeout, v.workers), []).append(i)
+            continue
+        try:
+            scores[i], result.parts[i] = as_score(
+                v.fn()(completions[i], ground_truths[i], extra_infos[i], **dict(v.options)))
+        except GroundTruthError as err:
+            err.index = i
+            raise
+        except Exception as err:
+            result.errors += 1
+            result.failures[i] = f"{type(err).__name__}: {err}"
+    for (timeout, workers), idx in remote.items():
+        calls = [Call(verifiers[i].target, completions[i], ground_truths[i], extra_infos[i],
+                      dict(verifiers[i].options)) for i in idx]
+        for i, out in zip(idx, get_pool(workers).run(calls, timeout), strict=True):
+            if out.ground_truth_error:
+                err = GroundTruthError(out.error)
+                err.index = i
+                raise err
+            if out.timed_out:
+                result.timeouts += 1
+                result.failures[i] = "timeout"
+                continue
+            try:
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                scores[i], result.parts[i] = as_score(out.value)
+            except Exception as err:
+                result.errors += 1
+                result.failures[i] = str(err) if out.error else f"{type(err).__name__}: {err}"
+    return scores, result
 
 
 def score(completions: list[str], ground_truths: list[str], weights: dict[str, float],
-          fallback_last_number: bool = True) -> RewardResult:
+          fallback_last_number: bool = True, *, verifiers: list[Verifier] | None = None,
+          extra_infos: list[dict] | None = None) -> RewardResult:
     """total[i] = sum_k weights[k] * component_k(completions[i], ground_truths[i]).
 
     Every component named in `weights` is computed and reported, weight 0 included, so it can
-    be logged without shaping the reward. A component that raises scores 0 for that sample
-    and is counted in `errors`: one odd completion must not kill a training run. A
-    GroundTruthError (unparseable ground truth, a ValueError) propagates: that is a data bug.
+    be logged without shaping the reward. `correct` is sample i's task verifier
+    (`verifiers[i]`; default: the numeric check); the other components are format checks.
+    A component that raises scores 0 for that sample and is counted in `errors`, one that
+    runs past its timeout scores 0 and is counted in `timeouts`: one odd completion must not
+    kill a training run. A GroundTruthError (bad ground truth, a ValueError) propagates:
+    that is a data bug.
     """
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
     unknown = [k for k in weights if k not in _COMPONENTS]
     if unknown:
         raise ValueError(f"unknown reward weights {unknown}; allowed: {', '.join(_COMPONENTS)}")
-    total = [0.0] * len(completions)
+    n = len(completions)
+    total = [0.0] * n
     components: dict[str, list[float]] = {}
-    errors = 0
+    result = RewardResult(total, components, 0, 0, [{} for _ in range(n)], {})
     for name, weight in weights.items():
-        fn = make_reward_fn(name, fallback_last_number)
-        scores = []
-        for i, (completion, truth) in enumerate(zip(completions, ground_truths, strict=True)):
-            try:
-                s = float(fn(completion, truth))
-            except GroundTruthError:
-                raise
-            except Exception:
-                s = 0.0
-                errors += 1
-            scores.append(s)
+        if name == "correct" and _COMPONENTS["correct"] is _correct:
+            if verifiers is None:
+                verifiers = [make_verifier("numeric", _Options(fallback_last_number))] * n
+            scores, found = _run_verifiers(completions, ground_truths, verifiers,
+                                           extra_infos or [{} for _ in range(n)])
+            result.errors += found.errors
+            result.timeouts += found.timeouts
+            result.parts, result.failures = found.parts, found.failures
+        else:
+            fn = make_reward_fn(name, fallback_last_number)
+            scores = []
+            for completion, truth in zip(completions, ground_truths, strict=True):
+                try:
+                    scores.append(float(fn(completion, truth)))
+                except GroundTruthError:
+                    raise
+                except Exception:
+                    scores.append(0.0)
+                    result.errors += 1
+        for i, s in enumerate(scores):
             total[i] += weight * s
         components[name] = scores
-    return RewardResult(total=total, components=components, errors=errors)
+    return result
+
+
+@dataclass
+class _Options:
+    """The RewardConfig fields `make_verifier` reads, for callers without a config."""
+
+    fallback_last_number: bool = True
+    fn: str = ""
+    task: str = "auto"
+    isolate_fn: bool = True
+    timeout: float = 5.0
+    num_workers: int = 2
+    countdown_format_score: float = 0.1
+
+
+def score_examples(completions: list[str], examples: list, cfg, always_correct: bool = False) -> RewardResult:
+    """`score` for completions of `examples` (batch.Example) under a RewardConfig `cfg`.
+
+    Each example's verifier comes from reward.fn / reward.task / its data_source, and its
+    `meta` is the verifier's `extra_info`. `always_correct` adds `correct` at weight 0 when
+    the weights leave it out (evaluation always reports accuracy). A bad ground truth is
+    reported with the example's origin (file:line).
+    """
+    weights = dict(cfg.weights)
+    if always_correct and "correct" not in weights:
+        weights = {"correct": 0.0, **weights}
+    cache: dict[str, Verifier] = {}
+    for e in examples:
+        if e.data_source not in cache:
+            cache[e.data_source] = verifier_for(e.data_source, cfg)
+    verifiers = [cache[e.data_source] for e in examples]
+    try:
+        return score(completions, [e.ground_truth for e in examples], weights, cfg.fallback_last_number,
+                     verifiers=verifiers, extra_infos=[e.meta for e in examples])
+    except GroundTruthError as err:
+        bad = examples[getattr(err, "index", 0)]
+        where = bad.meta.get("origin", bad.data_source)
+        raise GroundTruthError(f"{where}: field 'ground_truth': {err}") from None
+
+
+def check_examples(examples: list, cfg) -> None:
+    """Fail before training on ground truths a verifier cannot read, or a broken reward.fn.
+
+    Checked in-process for the tasks whose ground truth has a fixed shape (numbers for
+    numeric/gsm8k, JSON for countdown/piecewise); `reward.fn` is imported and its signature
+    checked. Raises GroundTruthError naming file:line, or ConfigError for reward.fn.
+    """
+    from reasonrl.config import ConfigError
+
+    if cfg.fn:
+        try:
+            check_signature(load_target(cfg.fn), cfg.fn)
+        except Exception as err:
+            raise ConfigError(f"reward.fn: cannot use {cfg.fn!r}: {type(err).__name__}: {err}") from None
+        return
+    checks = {"numeric": parse_ground_truth_number, "gsm8k": parse_ground_truth_number,
+              "countdown": parse_countdown_truth, "piecewise": parse_piecewise_truth}
+    tasks: dict[str, str] = {}
+    for e in examples:
+        if e.data_source not in tasks:
+            tasks[e.data_source] = verifier_for(e.data_source, cfg).task
+        task = tasks[e.data_source]
+        if task in checks:
+            try:
+                checks[task](e.ground_truth)
+            except GroundTruthError as err:
+                raise GroundTruthError(f"{e.meta.get('origin', e.data_source)}: field 'ground_truth': "
+                                       f"{err} (task {task})") from None
 
 
 __all__ = [
     "REWARD_COMPONENTS",
+    "TASKS",
     "GroundTruthError",
     "RewardFn",
     "RewardResult",
+    "Verifier",
     "answer_present_reward",
     "boxed_format_reward",
+    "check_examples",
     "extract_answer",
     "extract_answer_tag",
     "extract_boxed",
     "extract_last_number",
     "make_reward_fn",
+    "make_verifier",
     "numbers_equal",
     "numeric_reward",
     "parse_number",
     "score",
+    "score_examples",
     "score_rollouts",
+    "task_for_source",
     "think_answer_format_reward",
+    "verifier_for",
 ]
 
 
-def score_rollouts(texts: list[str], ground_truths: list[str], weights: dict[str, float],
-                   fallback_last_number: bool = True):
-    """`score` packed as the `Scores` batch record (tensors aligned with the rollouts)."""
+def score_rollouts(texts: list[str], examples: list, cfg, always_correct: bool = False):
+    """`score_examples` packed as the `Scores` batch record (tensors aligned with the rollouts)."""
     import torch
 
     from reasonrl.batch import Scores
 
-    result = score(texts, ground_truths, weights, fallback_last_number)
+    result = score_examples(texts, examples, cfg, always_correct)
     return Scores(total=torch.tensor(result.total, dtype=torch.float32),
                   components={k: torch.tensor(v, dtype=torch.float32)
                               for k, v in result.components.items()},
-                  errors=result.errors)
+                  errors=result.errors, timeouts=result.timeouts)

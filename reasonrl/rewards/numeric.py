@@ -101,3 +101,17 @@ def numeric_reward(completion: str, ground_truth: str, fallback_last_number: boo
     answer, _ = extract_answer(completion, fallback_last_number)
     value = parse_number(answer) if answer is not None else None
     return 1.0 if value is not None and numbers_equal(value, truth) else 0.0
+
+
+def numeric_verifier(completion: str, ground_truth: str, extra_info: dict | None = None, *,
+                     fallback_last_number: bool = True) -> float:
+    """`numeric_reward` with the verifier signature (task "numeric", the default)."""
+    return numeric_reward(completion, ground_truth, fallback_last_number)
+
+
+def parse_ground_truth_number(ground_truth: str) -> float:
+    """The ground truth as a float, or GroundTruthError."""
+    truth = parse_number(ground_truth)
+    if truth is None:
+        raise GroundTruthError(f"ground truth {ground_truth!r} does not parse as a number")
+    return truth

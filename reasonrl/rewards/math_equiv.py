@@ -1,0 +1,61 @@
+"""MATH-style answers (Hendrycks et al. 2021): equivalence checked by `math-verify`.
+
+The answer is extracted as for `correct` (last `\\boxed{}`, then `<answer>`, then the last
+number if allowed), then both it and the ground truth are parsed by math-verify (LaTeX and
+plain expressions: fractions, roots, intervals, sets, percentages, units stripped) and
+compared symbolically and numerically. math-verify can hang on adversarial input, so the
+trainer runs this function in a worker process with a hard timeout (`pool.py`); it never
+runs sympy in the training process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from reasonrl.rewards.extract import extract_answer
+from reasonrl.rewards.numeric import GroundTruthError
+
+_parse_configs = None
+
+
+def _parse(text: str) -> list:
+    """math-verify's parse of `text` as a boxed answer (LaTeX first, then a plain expression)."""
+    global _parse_configs
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    if _parse_configs is None:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" warnings
+        _parse_configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    # Timeouts are off here (they use SIGALRM, main thread only); the caller enforces them.
+    return parse("\\boxed{" + text + "}", extraction_config=_parse_configs, parsing_timeout=None)
+
+
+def math_equal(answer: str, ground_truth: str) -> bool:
+    """True if math-verify finds `answer` equivalent to `ground_truth`. No timeout of its own."""
+    from math_verify import verify
+
+    gold = _parse(ground_truth)
+    if not gold:
+        raise GroundTruthError(f"ground truth {ground_truth!r} is not a math expression")
+    pred = _parse(answer)
+    return bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
+
+
+def math_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
+                fallback_last_number: bool = True) -> dict[str, float]:
+    """{"score": 1 if the extracted answer is equivalent to the ground truth, "answer_found": 0/1}."""
+    if not ground_truth.strip():
+        raise GroundTruthError("ground truth is empty")
+    answer, _ = extract_answer(completion, fallback_last_number)
+    if answer is None or not answer.strip():
+        return {"score": 0.0, "answer_found": 0.0}
+    return {"score": 1.0 if math_equal(answer, ground_truth) else 0.0, "answer_found": 1.0}
+
+
+def _warmup() -> None:
+    """Import sympy and build math-verify's parsers once (seconds on a busy machine), so the
+    first real sample is not charged for it against its timeout."""
+    math_equal("\\frac{1}{2}", "0.5")
+
+
+math_reward.warmup = _warmup  # called by the reward worker right after loading

@@ -1,0 +1,154 @@
+"""Task verifiers: which function scores the `correct` component of a sample, and how it runs.
+
+Every verifier, built-in or custom, has the same signature:
+
+    fn(completion: str, ground_truth: str, extra_info: dict, **options) -> float | dict[str, float]
+
+A dict must hold "score" (the reward) and may hold named parts (partial credits, flags) that
+`reasonrl reward` prints. `extra_info` is the example's `extra_info`/`meta` record (plus
+"origin", its file:line). Raising `GroundTruthError` marks a data bug and stops the run;
+any other exception scores 0 and is counted in `reward/errors`.
+
+The task of a sample comes from `reward.fn` (a custom function for all samples), else
+`reward.task`, else (`reward.task=auto`) the example's `data_source`: see `task_for_source`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TASKS: dict[str, str] = {
+    "numeric": "the extracted answer equals the ground-truth number (the default; arithmetic)",
+    "gsm8k": "GSM8K: numeric answer after ####, in \\boxed{}, <answer>, or the last number",
+    "math": "MATH: math-verify equivalence of the last \\boxed{} answer (process pool, timeout)",
+    "countdown": "Countdown: an expression over the given numbers that equals the target",
+    "piecewise": "Transparent GRPO's piecewise-continuity toy problem, with partial credit",
+}
+
+# task -> (target function, run in a worker process with reward.timeout?)
+_TARGETS: dict[str, tuple[str, bool]] = {
+    "numeric": ("reasonrl.rewards.numeric:numeric_verifier", False),
+    "gsm8k": ("reasonrl.rewards.gsm8k:gsm8k_reward", False),
+    "math": ("reasonrl.rewards.math_equiv:math_reward", True),
+    "countdown": ("reasonrl.rewards.countdown:countdown_reward", False),
+    "piecewise": ("reasonrl.rewards.piecewise:piecewise_reward", False),
+}
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """How `correct` is computed: the function, its options, and where it runs."""
+
+    task: str  # a TASKS name, or "custom"
+    target: str  # "module:function" or "path/to/file.py:function"
+    options: tuple[tuple[str, Any], ...] = ()
+    isolated: bool = False  # True: a worker process with a hard per-sample timeout
+    timeout: float = 5.0
+    workers: int = 2
+
+    def fn(self) -> Callable[..., Any]:
+        return load_target(self.target)
+
+
+def task_for_source(data_source: str) -> str:
+    """The task for `reward.task=auto`: the data_source's last path part, if it starts with a
+    task name ("gsm8k", "openai/gsm8k", "math500", "lighteval/MATH", "countdown_3to4"), else
+    "numeric" (arithmetic and unknown sources: the original number check)."""
+    name = data_source.lower().rsplit("/", 1)[-1]
+    for task in ("gsm8k", "math", "countdown", "piecewise"):
+        if name.startswith(task):
+            return task
+    return "numeric"
+
+
+def make_verifier(task: str, cfg) -> Verifier:
+    """The verifier for `task` with the options of a RewardConfig `cfg`."""
+    common = {"timeout": cfg.timeout, "workers": cfg.num_workers}
+    if task == "custom":
+        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, **common)
+    if task not in _TARGETS:
+        raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    target, isolated = _TARGETS[task]
+    options: dict[str, Any] = {}
+    if task in ("numeric", "gsm8k", "math"):
+        options["fallback_last_number"] = cfg.fallback_last_number
+    if task == "countdown":
+        options["format_score"] = cfg.countdown_format_score
+    return Verifier(task, target, tuple(sorted(options.items())), isolated, **common)
+
+
+def verifier_for(data_source: str, cfg) -> Verifier:
+    """reward.fn > reward.task > the data_source (reward.task=auto)."""
+    if cfg.fn:
+        return make_verifier("custom", cfg)
+    task = cfg.task if cfg.task != "auto" else task_for_source(data_source)
+    return make_verifier(task, cfg)
+
+
+_LOADED: dict[str, Callable[..., Any]] = {}
+
+
+def load_target(target: str) -> Callable[..., Any]:
+    """Import "package.module:function" or "path/to/file.py:function" (cached).
+
+    A module path is imported with the working directory on sys.path, so `my_rewards:fn`
+    finds ./my_rewards.py as it would with `python -c`.
+    """
+    if target in _LOADED:
+        return _LOADED[target]
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{target!r} is not of the form module:function or file.py:function")
+    if module_name.endswith(".py"):
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{module_name}: no such file")
+        name = f"reasonrl_custom_{abs(hash(str(path)))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise AttributeError(f"{module_name} has no function {attr!r}")
+    _LOADED[target] = fn
+    return fn
+
+
+def check_signature(fn: Callable[..., Any], target: str) -> None:
+    """A custom reward must accept (completion, ground_truth, extra_info)."""
+    try:
+        inspect.signature(fn).bind("completion", "ground truth", {})
+    except TypeError as err:
+        raise TypeError(f"{target} must accept (completion, ground_truth, extra_info): {err}") from None
+    except ValueError:  # builtins without a signature: trust them
+        pass
+
+
+def as_score(value: Any) -> tuple[float, dict[str, float]]:
+    """A verifier's return value as (score, parts); raises TypeError/ValueError if malformed."""
+    parts: dict[str, float] = {}
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise ValueError(f"a reward dict needs a 'score' key, got keys {sorted(value)}")
+        parts = {str(k): float(v) for k, v in value.items() if k != "score"}
+        value = value["score"]
+    if isinstance(value, str) or value is None:
+        raise TypeError(f"a reward must be a number or a dict with 'score', got {value!r}")
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"reward is {score}")
+    return score, parts

@@ -1,0 +1,95 @@
+"""A reward worker process: `python -m reasonrl.rewards.worker` (started by `pool.WorkerPool`).
+
+Reads one JSON request per line on stdin, answers one JSON line on its own copy of stdout:
+  {"load": "module:fn"}                                  -> {"value": null} or {"error": "..."}
+  {"target", "completion", "ground_truth", "extra_info", "options", "timeout"}
+                                                         -> {"value": ...} | {"timeout": true}
+                                                            | {"error": "..."} | {"ground_truth_error": "..."}
+Anything the reward function prints goes to stderr, so it cannot corrupt the replies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+
+MEMORY_LIMIT = 4 << 30  # bytes of address space: a huge integer fails fast instead of swapping
+
+
+class _SoftTimeout(BaseException):
+    """Raised by SIGALRM; a BaseException so `except Exception` in reward code cannot eat it."""
+
+
+def _on_alarm(signum, frame):
+    raise _SoftTimeout()
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return float(value)  # numpy / torch scalars, Fractions
+
+
+def _answer(out, reply: dict) -> None:
+    try:
+        text = json.dumps(reply, allow_nan=True)
+    except (TypeError, ValueError) as err:
+        text = json.dumps({"error": f"reward returned a value that is not a number or dict: {err}"})
+    out.write(text + "\n")
+    out.flush()
+
+
+def main() -> None:
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # the function's prints go to stderr
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    except (ImportError, ValueError, OSError):
+        pass
+    signal.signal(signal.SIGALRM, _on_alarm)
+    from reasonrl.rewards.numeric import GroundTruthError
+    from reasonrl.rewards.verifiers import load_target
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "load" in request:
+            for entry in request.get("sys_path", []):  # the parent's, as it is now
+                if entry not in sys.path:
+                    sys.path.append(entry)
+            try:
+                warmup = getattr(load_target(request["load"]), "warmup", None)
+                if warmup is not None:
+                    warmup()
+                _answer(out, {"value": None})
+            except Exception as err:
+                _answer(out, {"error": f"cannot load {request['load']}: {type(err).__name__}: {err}"})
+            continue
+        fn = load_target(request["target"])
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
+                value = fn(request["completion"], request["ground_truth"], request["extra_info"],
+                           **request["options"])
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            reply = {"value": _jsonable(value)}
+        except _SoftTimeout:
+            reply = {"timeout": True}
+        except GroundTruthError as err:
+            reply = {"ground_truth_error": str(err)}
+        except Exception as err:
+            reply = {"error": f"{type(err).__name__}: {err}"[:2000]}
+        if isinstance(reply.get("value"), float) and not math.isfinite(reply["value"]):
+            reply = {"error": f"reward returned {reply['value']}"}
+        _answer(out, reply)
+
+
+if __name__ == "__main__":
+    main()
