@@ -3,6 +3,7 @@
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
+    reasonrl report RUN [RUN ...] [-o report.html]
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
 from reasonrl.config import ConfigError, load_config
 from reasonrl.data import DataError
 from reasonrl.policy.model import ModelLoadError
+from reasonrl.report import ReportError
 from reasonrl.rewards.numeric import GroundTruthError
+from reasonrl.tracking import MissingExtraError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -24,15 +27,36 @@ def _train(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         overrides.insert(0, config)  # `reasonrl train trainer.steps=3`: no file given
         config = None
+    if args.resume:
+        from pathlib import Path
+
+        run = Path(args.resume)
+        run = run.parent.parent if run.parent.name == "checkpoints" else run
+        if config is None:  # the run's own resolved config
+            if not (run / "config.yaml").is_file():
+                raise ConfigError(f"--resume {args.resume}: no run there ({run}/config.yaml is missing)")
+            config = str(run / "config.yaml")
+        overrides.append(f"trainer.resume={args.resume}")
+    if args.allow_config_change:
+        keys = [k.strip() for k in args.allow_config_change.split(",") if k.strip()]
+        overrides.append(f"trainer.allow_config_change=[{', '.join(keys)}]")
     cfg = load_config(config, overrides)
     if args.print_config:
         from reasonrl.config import dump_yaml
 
         print(dump_yaml(cfg), end="")
         return 0
+    from reasonrl.checkpoint import TrainingAborted, TrainingInterrupted
     from reasonrl.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except TrainingInterrupted as stop:
+        print(f"reasonrl: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_code
+    except TrainingAborted as err:
+        print(f"reasonrl: error: {err}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -66,6 +90,14 @@ def _reward_records(args: argparse.Namespace) -> list[tuple[str, dict]]:
             raise DataError(f"{where}: field 'extra_info' must be an object")
         records.append((where, record))
     return records
+
+
+def _report(args: argparse.Namespace) -> int:
+    from reasonrl.report import write_report
+
+    path = write_report(args.runs, args.output)
+    print(f"[reasonrl] wrote {path}", flush=True)
+    return 0
 
 
 def _reward(args: argparse.Namespace) -> int:
@@ -120,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and exit")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue runs/NAME (or one of its checkpoints/step_N) from its newest "
+                        "complete checkpoint, with the run's config.yaml unless CONFIG is given")
+    p.add_argument("--allow-config-change", metavar="KEYS",
+                   help="comma-separated dotted keys a resume may change, e.g. trainer.steps")
     p.set_defaults(func=_train)
 
     d = sub.add_parser("data", help="prepare task data files")
@@ -158,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="seconds per sample for math / reward.fn")
     p.add_argument("--config", help="a train config whose reward section to use (weights, task)")
     p.set_defaults(func=_reward)
+
+    p = sub.add_parser(
+        "report", help="write report.html (curves, timings, samples, config) for runs",
+        description="One self-contained HTML file (plots inlined, no network needed) from run "
+                    "directories: training curves, seconds per stage per step, held-out results, "
+                    "completions at the first, middle and last step, and the resolved config. "
+                    "One run: RUN/report.html (also written at the end of training); several: "
+                    "their curves overlaid, in compare-A-vs-B.html beside the first run.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (with metrics.jsonl)")
+    p.add_argument("-o", "--output", help="where to write the HTML file")
+    p.set_defaults(func=_report)
     return parser
 
 
@@ -176,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"reasonrl: config error: {err}", file=sys.stderr)
         return 2
-    except (DataError, GroundTruthError, ModelLoadError, FileExistsError) as err:
+    except (DataError, GroundTruthError, ModelLoadError, FileExistsError, ReportError,
+            MissingExtraError) as err:
         print(f"reasonrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

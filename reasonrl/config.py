@@ -172,11 +172,38 @@ class TrainerConfig:
     run_name: str = ""  # "" = a timestamp
     threads: int = 0  # torch intra-op threads; 0 = one per core
     progress: bool = True
+    # "" = a new run; "auto" = continue output_dir/run_name from its newest checkpoint if it
+    # has one (else start it); a run or checkpoint folder = continue from there
+    resume: str = ""
+    allow_config_change: list[str] = field(default_factory=list)  # keys a resume may change
+    keep_last: int = 2  # checkpoints kept (oldest deleted first); 0 = all
+    max_bad_steps: int = 5  # abort after this many steps in a row with a non-finite loss/grad
 
 
 @dataclass
 class PlacementConfig:
     mode: Literal["local"] = "local"
+
+
+@dataclass
+class WandbConfig:
+    project: str = "reasonrl"
+    entity: str = ""  # "" = your default entity
+    name: str = ""  # "" = the run directory's name
+    group: str = ""
+    tags: list[str] = field(default_factory=list)
+    # offline: no network, files under <run>/wandb/ (upload later with `wandb sync`)
+    mode: Literal["offline", "online", "disabled"] = "offline"
+
+
+@dataclass
+class TrackingConfig:
+    # metrics.jsonl and samples.jsonl are always written; console = the progress bar
+    backends: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = field(
+        default_factory=lambda: ["console", "jsonl"])
+    tensorboard_dir: str = ""  # "" = <run>/tensorboard
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    report: bool = True  # write <run>/report.html at the end of training
 
 
 @dataclass
@@ -189,6 +216,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -333,6 +361,8 @@ def validate(cfg: Config) -> None:
          f"trainer.batch_size: {t.batch_size} completions do not divide into groups of "
          f"rollout.n={r.n}; use a multiple of {r.n}")
     need(t.steps >= 1, f"trainer.steps: must be >= 1, got {t.steps}")
+    need(t.keep_last >= 0, f"trainer.keep_last: must be >= 0, got {t.keep_last}")
+    need(t.max_bad_steps >= 1, f"trainer.max_bad_steps: must be >= 1, got {t.max_bad_steps}")
     need(r.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {r.max_new_tokens}")
     need(d.max_prompt_tokens >= 1, f"data.max_prompt_tokens: must be >= 1, got {d.max_prompt_tokens}")
     need(r.temperature > 0, f"rollout.temperature: must be > 0, got {r.temperature}")
@@ -388,6 +418,11 @@ def validate(cfg: Config) -> None:
     for op in ar.operators:
         need(op in ("+", "-", "*"), f"data.arithmetic.operators: {op!r} is not allowed; "
              "allowed values: +, -, *")
+    from reasonrl.tracking import missing_extra
+
+    for backend in cfg.tracking.backends:  # a missing extra fails now, not after the first eval
+        problem = missing_extra(backend)
+        need(problem is None, f"tracking.backends: {problem}")
 
 
 def to_dict(cfg: Config) -> dict:

@@ -1,12 +1,48 @@
-"""Run outputs: metrics.jsonl, samples.jsonl and the console progress bar."""
+"""Run outputs: metrics.jsonl and samples.jsonl (always), the console progress bar, and
+TensorBoard / Weights & Biases when `tracking.backends` names them.
+
+Every backend receives the same metric names, namespaced by stage (`rollout/`, `reward/`,
+`advantage/`, `train/`, `eval/`, `time/`), so a curve is called the same in metrics.jsonl,
+TensorBoard, WandB and `report.html`. TensorBoard and WandB are optional extras: they are
+imported only when selected, and a missing one is reported by `missing_extra` at start-up.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reasonrl.config import TrackingConfig, WandbConfig
+
+# backend -> (module that must be importable, pip extra that installs it)
+EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+
+
+class MissingExtraError(ImportError):
+    """A selected tracking backend whose optional dependency is not installed."""
+
+
+def missing_extra(backend: str) -> str | None:
+    """None when `backend` can run here, else one line naming the extra to install."""
+    if backend not in EXTRAS:
+        return None
+    module, extra = EXTRAS[backend]
+    if importlib.util.find_spec(module) is None:
+        return (f"the {backend} backend needs the optional extra: pip install 'reasonrl[{extra}]' "
+                f"(or remove {backend} from tracking.backends)")
+    return None
+
+
+def _require(backend: str) -> None:
+    problem = missing_extra(backend)
+    if problem is not None:
+        raise MissingExtraError(problem)
 
 
 def _clean(value: Any) -> Any:
@@ -15,19 +51,19 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class Tracker:
-    """Appends one JSON line per step to metrics.jsonl and keeps a tqdm bar current."""
+def _number(value: Any) -> float | None:
+    """A finite float, or None for anything a scalar plot cannot show."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
-    def __init__(self, run_dir: Path, total_steps: int, progress: bool = True, start_step: int = 0):
-        self.run_dir = Path(run_dir)
-        self.metrics_file = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        self.samples_file = (self.run_dir / "samples.jsonl").open("a", encoding="utf-8")
-        self.bar = None
-        if progress:
-            from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+class JsonlBackend:
+    """metrics.jsonl (one line per step) and samples.jsonl (one line per logged completion)."""
+
+    def __init__(self, run_dir: Path):
+        self.metrics_file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.samples_file = (run_dir / "samples.jsonl").open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -38,6 +74,119 @@ class Tracker:
         for row in rows:
             self.samples_file.write(json.dumps({"step": step, **row}) + "\n")
         self.samples_file.flush()
+
+    def close(self) -> None:
+        self.metrics_file.close()
+        self.samples_file.close()
+
+
+class TensorBoardBackend:
+    """Scalars under their metric names (TensorBoard groups them by the prefix before `/`)
+    and the logged completions as text, via `torch.utils.tensorboard`."""
+
+    def __init__(self, log_dir: Path):
+        _require("tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            number = _number(value)
+            if number is not None:
+                self.writer.add_scalar(name, number, global_step=step)
+        self.writer.flush()
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        if not rows:
+            return
+        # Indented blocks render verbatim in TensorBoard's markdown: model output stays text.
+        parts = []
+        for row in rows:
+            body = (f"prompt: {row.get('prompt', '')}\nground truth: {row.get('ground_truth', '')}\n"
+                    f"completion: {row.get('completion', '')}")
+            parts.append(f"**reward {row.get('reward', float('nan')):.3f}**\n\n"
+                         + "\n".join("    " + line for line in body.splitlines()))
+        self.writer.add_text("samples", "\n\n".join(parts), global_step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbBackend:
+    """`wandb.log(metrics, step=step)` with the same names; the logged completions go into
+    one `samples` table at the end. `mode=offline` needs no network: the run is written
+    under <run>/wandb/ and can be uploaded later with `wandb sync`."""
+
+    def __init__(self, run_dir: Path, settings: WandbConfig, config: dict | None):
+        _require("wandb")
+        import wandb
+
+        self.wandb = wandb
+        id_file = run_dir / "wandb_run_id"  # a resumed run continues the same WandB run
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id + "\n")
+        self.run = wandb.init(
+            project=settings.project, entity=settings.entity or None,
+            name=settings.name or run_dir.name, group=settings.group or None,
+            tags=settings.tags or None, mode=settings.mode, dir=str(run_dir), config=config,
+            id=run_id, resume="allow")
+        self.rows: list[list] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log({k: v for k, v in metrics.items() if _number(v) is not None}, step=step)
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        for row in rows:
+            self.rows.append([step, str(row.get("prompt", "")), str(row.get("ground_truth", "")),
+                              str(row.get("completion", "")), row.get("reward")])
+
+    def close(self) -> None:
+        if self.rows:
+            table = self.wandb.Table(columns=["step", "prompt", "ground_truth", "completion", "reward"],
+                                     data=self.rows)
+            self.run.log({"samples": table})
+        self.run.finish()
+
+
+class Tracker:
+    """Fans each step's metrics and sample completions out to the selected backends and
+    keeps a tqdm bar current. metrics.jsonl / samples.jsonl are always written (the report
+    is built from them); `tracking.backends` adds console, tensorboard and wandb."""
+
+    def __init__(self, run_dir: Path, total_steps: int, progress: bool = True, start_step: int = 0,
+                 *, tracking: TrackingConfig | None = None, config: dict | None = None):
+        from reasonrl.config import TrackingConfig
+
+        tracking = tracking if tracking is not None else TrackingConfig()
+        self.run_dir = Path(run_dir)
+        self.jsonl = JsonlBackend(self.run_dir)
+        self.metrics_file, self.samples_file = self.jsonl.metrics_file, self.jsonl.samples_file
+        self.backends: list[Any] = [self.jsonl]
+        try:
+            if "tensorboard" in tracking.backends:
+                self.backends.append(TensorBoardBackend(
+                    Path(tracking.tensorboard_dir) if tracking.tensorboard_dir
+                    else self.run_dir / "tensorboard"))
+            if "wandb" in tracking.backends:
+                self.backends.append(WandbBackend(self.run_dir, tracking.wandb, config))
+        except BaseException:
+            self._close_backends(quiet=True)
+            raise
+        self.bar = None
+        if progress and "console" in tracking.backends:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for backend in self.backends:
+            backend.log(step, metrics)
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        for backend in self.backends:
+            backend.samples(step, rows)
 
     def progress(self, metrics: dict[str, float]) -> None:
         if self.bar is None:
@@ -55,8 +204,19 @@ class Tracker:
         else:
             print(text, file=sys.stderr, flush=True)
 
+    def _close_backends(self, quiet: bool = False) -> None:
+        errors = []
+        for backend in self.backends:  # one failing backend must not leave the others open
+            try:
+                backend.close()
+            except Exception as err:
+                errors.append(err)
+        self.backends = []
+        if errors and not quiet:
+            raise errors[0]
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.metrics_file.close()
-        self.samples_file.close()
+            self.bar = None
+        self._close_backends()

@@ -11,8 +11,8 @@ import dataclasses
 import json
 import os
 import random
-import shutil
-import tempfile
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +29,22 @@ from reasonrl.algo import (
     zero_variance_groups,
 )
 from reasonrl.batch import Example, Rollouts, Scores, TrainBatch
-from reasonrl.config import Config, dump_yaml
+from reasonrl.checkpoint import (
+    TrainingAborted,
+    TrainingInterrupted,
+    atomic_save,  # noqa: F401  (re-exported: it lived here first)
+    config_changes,
+    config_hash,
+    find_resume_point,
+    list_checkpoints,
+    read_checkpoint,
+    remove_partial,
+    rotate,
+    set_rng_state,
+    truncate_log,
+    write_checkpoint,
+)
+from reasonrl.config import Config, ConfigError, dump_yaml, to_dict
 from reasonrl.data import PromptSampler, load_examples
 from reasonrl.placement import build_workers
 from reasonrl.rewards import check_examples, score_rollouts
@@ -133,24 +148,6 @@ def renumber_groups(group: torch.Tensor) -> torch.Tensor:
     return torch.tensor([ids.setdefault(int(g), len(ids)) for g in group], dtype=torch.long)
 
 
-def atomic_save(target: Path, write) -> None:
-    """Write a folder via `write(tmp)` then rename: a checkpoint is complete or absent."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(tmp)
-        for root, _, files in os.walk(tmp):
-            for f in files:
-                with open(Path(root) / f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -171,6 +168,38 @@ class Trainer:
         self.eval_sampling = SamplingParams(
             n=1, greedy=True, max_new_tokens=r.eval_max_new_tokens or r.max_new_tokens)
         self.step_count = 0
+        self.bad_steps = 0  # steps in a row with a non-finite loss or gradient
+        self.stop_signal: str | None = None  # set by SIGINT/SIGTERM: stop after this step
+        self.run_dir: Path | None = None
+        self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
+        if cfg.trainer.resume:
+            try:
+                self.run_dir, checkpoint = find_resume_point(
+                    cfg.trainer.resume, cfg.trainer.output_dir, cfg.trainer.run_name)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+            if checkpoint is not None:
+                self.load_checkpoint(checkpoint)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Continue exactly where `path` stopped: weights, optimizer, scheduler, sampler,
+        RNGs and step. Refuses a config that changed in keys not listed in
+        `trainer.allow_config_change`."""
+        state, tensors, weights = read_checkpoint(path)
+        changes = config_changes(state["config"], to_dict(self.cfg))
+        refused = {k: v for k, v in changes.items() if k not in self.cfg.trainer.allow_config_change}
+        if refused:
+            listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+            raise ConfigError(
+                f"resuming {path}: the config changed ({listed}). Resume with the run's own "
+                f"config, or accept the change with --allow-config-change {','.join(refused)}")
+        self.policy.load_weights(weights)
+        self.rollout.load_weights(self.policy.named_weights())
+        self.policy.load_state_dict(tensors["policy"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        set_rng_state(tensors["rng"])
+        self.resumed = {**state, "path": str(path)}
 
     # ---- one training step -----------------------------------------------------------
 
@@ -313,15 +342,19 @@ class Trainer:
 
     # ---- outputs ----------------------------------------------------------------------
 
-    def save_checkpoint(self, run_dir: Path) -> Path:
+    def save_checkpoint(self, run_dir: Path, eval_before: dict[str, float] | None = None) -> Path:
+        """checkpoints/step_N (layout in `reasonrl.checkpoint`), then drop the oldest beyond
+        `trainer.keep_last`. Call after the step's metrics and samples are logged: the logs'
+        sizes now are where a resume cuts them back to."""
         target = run_dir / "checkpoints" / f"step_{self.step_count}"
-
-        def write(tmp: Path) -> None:
-            self.policy.save_pretrained(tmp / "huggingface", self.workers.tokenizer)
-            (tmp / "trainer_state.json").write_text(json.dumps({
-                "step": self.step_count, "sampler": self.sampler.state_dict()}))
-
-        atomic_save(target, write)
+        config = to_dict(self.cfg)
+        offsets = {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0
+                   for name in ("metrics.jsonl", "samples.jsonl")}
+        write_checkpoint(target, self.policy, self.workers.tokenizer, {
+            "step": self.step_count, "sampler": self.sampler.state_dict(),
+            "config": config, "config_hash": config_hash(config), "offsets": offsets,
+            "eval_before": eval_before or {}, "bad_steps": self.bad_steps})
+        rotate(run_dir, self.cfg.trainer.keep_last)
         return target
 
     def sample_rows(self, rollouts: Rollouts, scores: Scores, advantages: torch.Tensor) -> list[dict]:
@@ -340,33 +373,96 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------
 
-    def fit(self) -> RunResult:
+    def open_run(self) -> tuple[Path, dict[str, float]]:
+        """(run folder, held-out metrics before training). A resumed run cuts its logs back
+        to the checkpoint (a step logged after it is redone, not duplicated) and reuses the
+        eval it saved; a new run evaluates now."""
         cfg = self.cfg
+        if self.resumed is not None:
+            run_dir = self.run_dir
+            remove_partial(run_dir)
+            for name, offset in self.resumed["offsets"].items():
+                truncate_log(run_dir / name, offset)
+            (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+            print(f"[reasonrl] resuming {run_dir} from {self.resumed['path']} "
+                  f"(step {self.step_count} of {cfg.trainer.steps})", flush=True)
+            return run_dir, self.resumed["eval_before"]
+        if self.run_dir is not None:  # resume=auto found no checkpoint: start the run over
+            remove_partial(self.run_dir)
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                (self.run_dir / name).unlink(missing_ok=True)
         run_dir = make_run_dir(cfg)
         print(f"[reasonrl] run directory: {run_dir}", flush=True)
         eval_before = self.evaluate()
         if eval_before:
             print(f"[reasonrl] held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
                   f"({int(eval_before['eval/num_examples'])} problems, greedy)", flush=True)
-        tracker = Tracker(run_dir, cfg.trainer.steps, cfg.trainer.progress)
-        if eval_before:
+        return run_dir, eval_before
+
+    def _stop_requested(self, signum, frame) -> None:
+        if self.stop_signal is not None:  # asked twice: abandon the step now
+            raise KeyboardInterrupt
+        self.stop_signal = signal.Signals(signum).name
+        print(f"\n[reasonrl] {self.stop_signal}: finishing step {self.step_count + 1}, then saving a "
+              "checkpoint (send it again to stop at once and lose that step)", file=sys.stderr, flush=True)
+
+    def _count_bad_step(self, metrics: dict[str, float]) -> None:
+        """A step whose update met a non-finite loss or gradient (the worker skipped it)."""
+        bad = metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
+        self.bad_steps = self.bad_steps + 1 if bad else 0
+        metrics["train/bad_steps"] = float(self.bad_steps)
+        if bad:
+            print(f"[reasonrl] step {self.step_count}: non-finite loss or gradient, update skipped "
+                  f"({self.bad_steps} in a row; abort at {self.cfg.trainer.max_bad_steps})",
+                  file=sys.stderr, flush=True)
+
+    def fit(self) -> RunResult:
+        cfg = self.cfg
+        run_dir, eval_before = self.open_run()
+        tracker = Tracker(run_dir, cfg.trainer.steps, cfg.trainer.progress, start_step=self.step_count,
+                          tracking=cfg.tracking, config=to_dict(cfg))
+        if eval_before and self.resumed is None:
             tracker.log(0, eval_before)
         metrics: dict[str, float] = {}
         eval_after = eval_before
+        handlers = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                handlers[sig] = signal.signal(sig, self._stop_requested)
+            except ValueError:  # not the main thread: leave signals alone
+                break
         try:
             while self.step_count < cfg.trainer.steps:
                 metrics, rollouts, scores, advantages = self.step()
                 step = self.step_count
                 last = step == cfg.trainer.steps
+                self._count_bad_step(metrics)
                 if (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0) or last:
                     eval_after = self.evaluate()
                     metrics.update(eval_after)
                 tracker.log(step, metrics)
                 tracker.samples(step, self.sample_rows(rollouts, scores, advantages))
                 tracker.progress(metrics)
-                if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or last:
-                    self.save_checkpoint(run_dir)
+                if self.bad_steps >= cfg.trainer.max_bad_steps:
+                    found = list_checkpoints(run_dir)
+                    raise TrainingAborted(
+                        f"{self.bad_steps} steps in a row (to step {step}) had a non-finite loss or "
+                        f"gradient; stopping. Lower optim.lr or check the rewards; the last good "
+                        f"checkpoint is {found[-1] if found else 'none'}")
+                stop = self.stop_signal is not None
+                if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or last or stop:
+                    self.save_checkpoint(run_dir, eval_before)
+                if stop and not last:
+                    raise TrainingInterrupted(self.stop_signal, run_dir, list_checkpoints(run_dir)[-1],
+                                              step, 128 + signal.Signals[self.stop_signal].value)
+        except KeyboardInterrupt:  # a second signal (or no handler): the step in progress is lost
+            found = list_checkpoints(run_dir)
+            raise TrainingInterrupted(self.stop_signal or "SIGINT", run_dir, found[-1] if found else None,
+                                      int(found[-1].name.split("_")[1]) if found else 0,
+                                      128 + signal.Signals[self.stop_signal or "SIGINT"].value) from None
         finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
             tracker.close()
         summary = {"steps": self.step_count, "eval_before": eval_before, "eval_after": eval_after}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -375,6 +471,12 @@ class Trainer:
                   f"{eval_after['eval/accuracy']:.3f} after {self.step_count} steps", flush=True)
         print(f"[reasonrl] wrote {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, "
               f"checkpoints/step_{self.step_count}/huggingface)", flush=True)
+        if cfg.tracking.report:
+            from reasonrl.report import report_after_training
+
+            report = report_after_training(run_dir)
+            if report is not None:
+                print(f"[reasonrl] report: {report}", flush=True)
         return RunResult(run_dir, eval_before, eval_after, metrics)
 
 

@@ -25,7 +25,7 @@ from reasonrl.rewards import REWARD_COMPONENTS
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TRAINER_KEYS = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
-SECTIONS = "model, data, rollout, reward, algo, optim, trainer, placement"
+SECTIONS = "model, data, rollout, reward, algo, optim, trainer, placement, tracking"
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -301,3 +301,30 @@ class PolicyWorker:
         self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
+
+    # ---- checkpoint state (the weights travel separately, as the HF folder) -------------
+
+    def state_dict(self) -> dict:
+        """Optimizer, LR scheduler and step count: with the weights, an exact resume."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy saved tensors (an HF folder's state dict) into the policy in place. Tied
+        weights (lm_head = embeddings) may be absent; any other missing name is an error."""
+        params = dict(self.model.state_dict(keep_vars=True))
+        missing = set(params) - set(tensors)
+        tied = {n for n in missing if params[n].data_ptr() in
+                {params[k].data_ptr() for k in tensors if k in params}}
+        unexpected = set(tensors) - set(params)
+        if missing - tied or unexpected:
+            raise KeyError(f"checkpoint weights do not match the model: missing "
+                           f"{sorted(missing - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)

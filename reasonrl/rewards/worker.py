@@ -54,6 +54,9 @@ def main() -> None:
     except (ImportError, ValueError, OSError):
         pass
     signal.signal(signal.SIGALRM, _on_alarm)
+    # Ctrl-C in a terminal reaches the whole process group: the trainer finishes its step
+    # (scoring included) and saves, so the worker must not die of it. It exits on stdin EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from reasonrl.rewards.numeric import GroundTruthError
     from reasonrl.rewards.verifiers import load_target
 

@@ -1,0 +1,169 @@
+"""`reasonrl report`: a self-contained report.html from a real run's files (tests/fixtures/run_arith,
+20 steps of the default SmolLM2 run, samples trimmed to two per step)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+from PIL import Image
+
+from reasonrl.cli import main
+from reasonrl.report import PLOTS, load_run, sample_steps, stage_seconds, write_report
+from reasonrl.tracking import missing_extra
+
+PNG = re.compile(r'<figure class="plot[^"]*" id="plot-([a-z_]+)"[^>]*data-logged="true">'
+                 r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+
+
+@pytest.fixture
+def run_dir(tmp_path, fixtures_dir):
+    target = tmp_path / "arith"
+    shutil.copytree(fixtures_dir / "run_arith", target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    from pathlib import Path
+
+    target = tmp_path_factory.mktemp("report") / "arith"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "run_arith", target)
+    path = write_report([target])
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_report_has_every_plot_as_an_inline_png(report):
+    path, text = report
+    assert path.name == "report.html"
+    images = dict(PNG.findall(text))
+    expected = {p.id for p in PLOTS if p.id != "kl"} | {"time"}
+    assert set(images) == expected
+    for name, data in images.items():
+        image = Image.open(io.BytesIO(base64.b64decode(data)))
+        assert image.format == "PNG" and image.width >= 500 and image.height >= 250, name
+    # the fixture run had beta = 0: its KL plot says so instead of failing
+    kl = re.search(r'<figure class="plot" id="plot-kl"[^>]*data-logged="false">(.*?)</figure>', text)
+    assert kl and "not logged" in kl.group(1) and "algo.beta" in kl.group(1)
+
+
+def test_report_is_self_contained(report):
+    _, text = report
+    assert "<script" not in text.lower()
+    assert not re.search(r'(src|href)="(https?:)?//', text)  # no CDN, opens offline
+    assert "@import" not in text and "url(" not in text
+
+
+def test_report_values_match_the_fixture(report):
+    _, text = report
+    # summary: held-out accuracy 0.20 -> 0.62 (metrics.jsonl steps 0 and 20), 20 training steps
+    assert "0.200 &rarr; 0.620 (steps 0 &rarr; 20)" in text
+    assert re.search(r"training steps logged</th><td class=\"num\">20<", text)
+    # reward/mean: first five steps average 0.237, last five 0.706 (from the fixture file)
+    assert "0.237 &rarr; 0.706" in text
+    # eval table rows for steps 0 and 20, summary.json before/after
+    assert re.search(r'<tr><td class="num">20</td><td class="num">0.620</td>', text)
+    assert "before training</th><th>after training" in text
+    # samples at the first, middle and last step, with their rewards
+    assert re.findall(r'<table class="samples" data-step="(\d+)"', text) == ["1", "11", "20"]
+    assert "11 + 6 equals 17." in text  # a last-step completion
+    # resolved config
+    assert "max_operand: 19" in text and "beta: 0.0" in text
+
+
+def test_run_loading_and_stage_seconds(run_dir):
+    run = load_run(run_dir)
+    assert sorted(run.metrics) == list(range(21))
+    assert sample_steps(run) == [1, 11, 20]
+    stages = stage_seconds(run)
+    assert set(stages[0]) == {"eval"}  # step 0: the evaluation before training only
+    assert set(stages[20]) >= {"rollout", "reward", "update", "sync", "eval"}
+    m = run.metrics[20]
+    assert stages[20]["rollout"] == pytest.approx(m["time/rollout"])
+    named = sum(m[f"time/{s}"] for s in ("rollout", "reward", "update", "sync"))
+    assert stages[20].get("other", 0.0) == pytest.approx(max(m["time/step"] - named, 0.0), abs=1e-3)
+
+
+def test_model_output_is_escaped(run_dir):
+    evil = "<script>alert('x')</script><img src=x onerror=alert(1)> & \"quoted\""
+    with (run_dir / "samples.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 20, "prompt": evil, "ground_truth": evil, "completion": evil,
+                            "reward": 0.0, "components": {evil: 0.0}, "advantage": 0.0,
+                            "truncated": False}) + "\n")
+    config = (run_dir / "config.yaml").read_text().replace("run_name: ''", "run_name: '</pre><b>x'")
+    (run_dir / "config.yaml").write_text(config)
+    text = write_report([run_dir]).read_text()
+    assert "<script>" not in text and "<img src=x" not in text and "</pre><b>x" not in text
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
+    assert "&amp; &quot;quoted&quot;" in text
+
+
+def test_missing_metrics_and_a_torn_last_line(tmp_path):
+    run = tmp_path / "partial"
+    run.mkdir()
+    lines = [{"step": 1, "reward/mean": 0.5, "time/step": 2.0, "time/rollout": 1.0},
+             {"step": 2, "reward/mean": None, "time/step": 2.0, "time/rollout": 1.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 3, "rew')
+    text = write_report([run]).read_text()
+    logged = dict(re.findall(r'id="plot-([a-z_]+)"[^>]*data-logged="(true|false)"', text))
+    assert logged["reward"] == "true" and logged["time"] == "true"
+    for name in ("eval_accuracy", "entropy", "kl", "clip_frac", "grad_norm", "lr"):
+        assert logged[name] == "false", name
+    assert text.count("not logged") >= 6
+    assert "unreadable lines skipped" in text
+    assert "No samples.jsonl rows." in text and "No held-out evaluation" in text
+
+
+def test_a_step_logged_twice_keeps_the_last_values(tmp_path):
+    run = tmp_path / "resumed"
+    run.mkdir()
+    lines = [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2},
+             {"step": 2, "reward/mean": 0.9}, {"step": 3, "reward/mean": 0.3}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert load_run(run).series("reward/mean") == ([1, 2, 3], [0.1, 0.9, 0.3])
+
+
+def test_compare_overlays_runs_and_lists_config_differences(run_dir, tmp_path):
+    other = tmp_path / "lr1e-5"
+    shutil.copytree(run_dir, other)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["optim"]["lr"] = 1e-5
+    (other / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (other / "metrics.jsonl").write_text("".join(
+        json.dumps({**json.loads(line), "train/kl": 0.01})  + "\n"
+        for line in (other / "metrics.jsonl").read_text().splitlines()))
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(run_dir), str(other), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "arith vs lr1e-5" in text
+    diff = re.search(r'<table id="config-diff">(.*?)</table>', text).group(1)
+    assert "optim.lr" in diff and "2e-05" in diff and "1e-05" in diff and "optim.n" not in diff
+    assert set(dict(PNG.findall(text))) == {p.id for p in PLOTS} | {"time"}
+    # KL was logged by one run only: plotted, with a note naming the other
+    assert re.search(r'id="plot-kl".*?not logged in arith</figcaption>', text)
+
+
+def test_cli_report_default_path_and_errors(run_dir, tmp_path, capsys):
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.html").is_file()
+    assert f"wrote {run_dir / 'report.html'}" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "not a run directory (no metrics.jsonl)" in capsys.readouterr().err
+
+
+def test_training_writes_the_report_and_tensorboard_events(tmp_path, capsys):
+    backends = "[console,jsonl,tensorboard]" if missing_extra("tensorboard") is None else "[console,jsonl]"
+    assert main(["train", "configs/smoke.yaml", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
+                 "trainer.progress=false", f"tracking.backends={backends}"]) == 0
+    run = tmp_path / "r"
+    assert f"report: {run / 'report.html'}" in capsys.readouterr().out
+    text = (run / "report.html").read_text()
+    assert set(dict(PNG.findall(text))) >= {"reward", "eval_accuracy", "entropy", "grad_norm", "time"}
+    assert re.findall(r'<table class="samples" data-step="(\d+)"', text) == ["1", "2"]
+    if "tensorboard" in backends:
+        assert list((run / "tensorboard").glob("events.out.tfevents.*"))
