@@ -40,6 +40,8 @@ class Rollouts:
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
     examples: list[Example]  # per row (the same object repeated within a group)
     sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs, if any
+    # the policy step whose weights generated these rows (merged batches keep the oldest)
+    policy_version: int = field(default=0, metadata={"merge": min})
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -48,7 +48,7 @@ from reasonrl.config import Config, ConfigError, dump_yaml, to_dict
 from reasonrl.data import PromptSampler, load_examples
 from reasonrl.placement import build_workers
 from reasonrl.rewards import check_examples, score_rollouts
-from reasonrl.rollout import SamplingParams
+from reasonrl.rollout import SamplingParams, WeightSyncError
 from reasonrl.tracking import Tracker
 
 EVAL_CHUNK = 64  # prompts per generate call during evaluation
@@ -123,7 +123,8 @@ def take_rows(record, rows: list[int]):
 
 
 def concat_records(records: list):
-    """Rows of several records of one type, in order; counts add up, a None field stays None."""
+    """Rows of several records of one type, in order; counts add up (or merge as the field's
+    metadata says), a None field stays None."""
     if len(records) == 1:
         return records[0]
     values = {}
@@ -138,7 +139,7 @@ def concat_records(records: list):
         elif isinstance(vs[0], dict):
             values[f.name] = {k: torch.cat([v[k] for v in vs]) for k in vs[0]}
         elif isinstance(vs[0], (int, float)):
-            values[f.name] = sum(vs)
+            values[f.name] = f.metadata.get("merge", sum)(vs)
     return dataclasses.replace(records[0], **values)
 
 
@@ -194,10 +195,10 @@ class Trainer:
                 f"resuming {path}: the config changed ({listed}). Resume with the run's own "
                 f"config, or accept the change with --allow-config-change {','.join(refused)}")
         self.policy.load_weights(weights)
-        self.rollout.load_weights(self.policy.named_weights())
         self.policy.load_state_dict(tensors["policy"])
         self.sampler.load_state_dict(state["sampler"])
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        self.sync_weights()
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
 
@@ -218,6 +219,9 @@ class Trainer:
             kl_metrics = {"train/kl_in_reward": seq_kl.mean().item()}
             times["reward"] += time.perf_counter() - t
 
+        if rollouts.policy_version != self.step_count:  # the update below assumes on-policy data
+            raise WeightSyncError(f"step {self.step_count + 1}: rollouts came from policy version "
+                                  f"{rollouts.policy_version}, expected {self.step_count}")
         advantages = group_advantages(rewards, rollouts.group, algo.advantage, algo.std_eps)
         loss_mask = trainable & ~rollouts.truncated if algo.mask_truncated else trainable
 
@@ -225,19 +229,25 @@ class Trainer:
         update = self.policy.train_step(TrainBatch(rollouts.prompt_ids, rollouts.completion_ids,
                                                    advantages, loss_mask))
         times["update"] = time.perf_counter() - t
+        self.step_count += 1  # the policy is now at version step_count
 
         t = time.perf_counter()
-        self.rollout.load_weights(self.policy.named_weights())
+        self.sync_weights()
         times["sync"] = time.perf_counter() - t
         times["step"] = time.perf_counter() - t0
 
-        self.step_count += 1
         metrics.update(rollout_metrics(rollouts, scores, advantages, times["rollout"],
                                        metrics.pop("rollout/generated_tokens")))
         metrics.update(update)
         metrics.update(kl_metrics)
         metrics.update({f"time/{k}": v for k, v in times.items()})
         return metrics, rollouts, scores, advantages
+
+    def sync_weights(self) -> None:
+        """Push the policy's weights to the rollout engine and check, by checksum, that the
+        engine serves them (`WeightSyncError` otherwise); later rollouts carry this version."""
+        self.rollout.load_weights(self.policy.named_weights(), version=self.step_count,
+                                  expected_checksum=self.policy.weights_checksum())
 
     def rollout_and_score(self) -> tuple[Rollouts, Scores, torch.Tensor, torch.Tensor,
                                          dict[str, float], dict[str, float]]:

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from reasonrl.batch import Example
-from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
+from reasonrl.rollout import (
+    CHECKSUM_SAMPLE,
+    RolloutWorker,
+    SamplingParams,
+    WeightSyncError,
+    make_engine,
+    weights_checksum,
+)
 from reasonrl.rollout.hf import HFEngine
 
 MAX_NEW = 12
@@ -209,6 +216,47 @@ def test_load_weights_unknown_name(tiny):
     engine = HFEngine(copy.deepcopy(model), tokenizer)
     with pytest.raises(KeyError, match="no parameter 'model.not_a_layer.weight'"):
         engine.load_weights([("model.not_a_layer.weight", torch.zeros(2))])
+
+
+# --------------------------------------------------------------- checksum and version
+
+
+def test_weights_checksum_hand_computed():
+    # two tensors, name order a < b: 1 * sum(a) + 2 * sum(b); "a" again (tied) counts once
+    a, b = torch.tensor([1.0, 2.0, 3.5]), torch.tensor([[0.25, -1.0], [4.0, 0.0]])
+    assert weights_checksum([("b", b), ("a", a), ("a", torch.zeros(3))]) == 1 * 6.5 + 2 * 3.25
+    # swapping the tensors' names changes it
+    assert weights_checksum([("a", b), ("b", a)]) == 1 * 3.25 + 2 * 6.5
+    # a large tensor is sampled with an even stride: elements 0, s, 2s, ... are read
+    big = torch.zeros(CHECKSUM_SAMPLE * 3)
+    big[0], big[3], big[1] = 1.0, 10.0, 100.0  # stride 3: index 1 is not read
+    assert weights_checksum([("w", big)]) == 11.0
+
+
+def test_checksum_catches_a_skipped_push_and_stamps_the_version(tiny):
+    model, tokenizer = tiny
+    policy, engine_model = copy.deepcopy(model), copy.deepcopy(model)
+    worker = make_worker(engine_model, tokenizer)
+    params = SamplingParams(n=1, max_new_tokens=4, greedy=True)
+    assert worker.rollout(EXAMPLES[:1], params).policy_version == 0
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1e-5)  # about one Adam step at lr 1e-5
+    expected = weights_checksum(policy.named_parameters())
+    assert expected != weights_checksum(engine_model.named_parameters())
+
+    class SkippingEngine(HFEngine):  # a transport that silently drops the push
+        def load_weights(self, named_tensors):
+            pass
+
+    skipping = RolloutWorker(SkippingEngine(engine_model, tokenizer), tokenizer)
+    with pytest.raises(WeightSyncError, match="policy version 1.*skipped or incomplete"):
+        skipping.load_weights(policy.named_parameters(), version=1, expected_checksum=expected)
+    assert skipping.policy_version == 0
+
+    worker.load_weights(policy.named_parameters(), version=1, expected_checksum=expected)
+    assert worker.policy_version == 1
+    assert worker.rollout(EXAMPLES[:1], params).policy_version == 1
 
 
 # ------------------------------------------------------------------------------ encode

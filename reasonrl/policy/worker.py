@@ -297,6 +297,12 @@ class PolicyWorker:
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
+    def weights_checksum(self) -> float:
+        """`reasonrl.rollout.weights_checksum` of `named_weights`: what a synced engine must report."""
+        from reasonrl.rollout import weights_checksum
+
+        return weights_checksum(self.named_weights())
+
     def save_pretrained(self, path, tokenizer=None) -> None:
         self.model.save_pretrained(path)
         if tokenizer is not None:

@@ -1,12 +1,14 @@
 """Rollout engines behind one protocol, and the worker that turns examples into `Rollouts`.
 
-An engine only maps token ids to token ids (`generate`) and accepts new weights
-(`load_weights`); the `RolloutWorker` owns prompt rendering, decoding and bookkeeping,
-so every engine (transformers here, vLLM later) yields identical `Rollouts`.
+An engine only maps token ids to token ids (`generate`), accepts new weights
+(`load_weights`) and reports a checksum of the weights it serves (`weights_checksum`);
+the `RolloutWorker` owns prompt rendering, decoding, bookkeeping and the policy version
+its rollouts come from, so every engine yields identical `Rollouts`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +43,40 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
+    def weights_checksum(self) -> float:
+        """`weights_checksum` of the weights the engine generates with, by HF name."""
+        ...
+
+
+class WeightSyncError(RuntimeError):
+    """The rollout engine does not serve the policy's weights after a push."""
+
+
+CHECKSUM_SAMPLE = 65536  # elements read per tensor: cheap (~0.05 s for 135M) and exact
+
+
+def weights_checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+    """A cheap fingerprint of a set of weights: per tensor, the float64 sum of an evenly
+    strided sample of at most CHECKSUM_SAMPLE elements, weighted by the tensor's rank in
+    name order (so swapped tensors differ too); names seen twice (tied weights) count once.
+
+    An optimizer step moves every element it touches by ~lr, far above float64 rounding
+    (~1e-16 relative), so a skipped or partial push changes the value; two copies of the
+    same weights give the same value whatever the thread count (`checksums_match`).
+    """
+    sums: dict[str, float] = {}
+    for name, tensor in named_tensors:
+        if name in sums:
+            continue
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // CHECKSUM_SAMPLE)
+        sums[name] = flat[::stride].to("cpu", torch.float64).sum().item()
+    return math.fsum((rank + 1) * sums[name] for rank, name in enumerate(sorted(sums)))
+
+
+def checksums_match(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+
 
 class RolloutWorker:
     """Renders prompts, calls the engine, decodes, and returns group-major `Rollouts`."""
@@ -50,6 +86,7 @@ class RolloutWorker:
         self.engine, self.tokenizer = engine, tokenizer
         self.apply_chat_template, self.system_prompt = apply_chat_template, system_prompt
         self.max_prompt_tokens = max_prompt_tokens
+        self.policy_version = 0  # the policy step whose weights the engine serves
 
     def encode(self, example: Example) -> list[int]:
         text = render_prompt(example, self.tokenizer, self.apply_chat_template, self.system_prompt)
@@ -74,10 +111,25 @@ class RolloutWorker:
             truncated=torch.tensor(gen.truncated, dtype=torch.bool),
             examples=[e for e in examples for _ in range(n)],
             sampler_logprobs=gen.logprobs,
+            policy_version=self.policy_version,
         )
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
+                     expected_checksum: float | None = None) -> None:
+        """Push the policy's weights (of policy step `version`) into the engine. With
+        `expected_checksum` (the policy's `weights_checksum`), check that the engine now
+        serves exactly those weights and raise `WeightSyncError` if not: a rollout engine
+        must never silently generate with stale weights."""
         self.engine.load_weights(named_tensors)
+        if expected_checksum is not None:
+            served = self.engine.weights_checksum()
+            if not checksums_match(served, expected_checksum):
+                raise WeightSyncError(
+                    f"weight sync to policy version {version}: the rollout engine "
+                    f"({type(self.engine).__name__}) serves weights with checksum {served!r}, the "
+                    f"policy's is {expected_checksum!r}; the push was skipped or incomplete")
+        if version is not None:
+            self.policy_version = version
 
 
 def make_engine(name: str, model, tokenizer) -> RolloutEngine:

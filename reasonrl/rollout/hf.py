@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from reasonrl.rollout import Generation, SamplingParams
+from reasonrl.rollout import Generation, SamplingParams, weights_checksum
 
 
 class HFEngine:
@@ -69,3 +69,6 @@ class HFEngine:
             if target.data_ptr() == tensor.data_ptr():
                 continue  # shared with the policy: already up to date
             target.copy_(tensor)
+
+    def weights_checksum(self) -> float:
+        return weights_checksum(self.model.named_parameters())
