@@ -4,6 +4,8 @@
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
     reasonrl report RUN [RUN ...] [-o report.html]
+    reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
+    reasonrl probe [--config C] [--model M] [--data FILE|TASK]
 """
 
 from __future__ import annotations
@@ -137,6 +139,116 @@ def _reward(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_settings(args: argparse.Namespace, probe: bool):
+    """(config, EvalSettings) from the eval / probe options: the config's rollout section
+    gives the defaults (n = rollout.n; max tokens: eval_max_new_tokens for eval, the
+    training max_new_tokens for probe)."""
+    from reasonrl.evaluate import EvalSettings
+
+    overrides = list(args.overrides)
+    if args.model is not None:
+        overrides.append(f"model.path={args.model}")
+    if args.task is not None:
+        overrides.append(f"reward.task={args.task}")
+    cfg = load_config(args.config, overrides)
+    r = cfg.rollout
+    n = args.n if args.n is not None else (1 if args.greedy else r.n)
+    ks = (1,) if n == 1 else (1, n)
+    if getattr(args, "k", None):
+        try:
+            ks = tuple(sorted({int(k) for k in args.k.split(",") if k.strip()}))
+        except ValueError:
+            raise ConfigError(f"--k: expected comma-separated integers like 1,4,16, got {args.k!r}") from None
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (
+        r.max_new_tokens if probe else r.eval_max_new_tokens or r.max_new_tokens)
+    settings = EvalSettings(
+        n=n, ks=ks, greedy=args.greedy, top_p=r.top_p,
+        temperature=args.temperature if args.temperature is not None else r.temperature,
+        top_k=r.top_k, max_new_tokens=max_new, limit=args.limit, batch_size=args.batch_size,
+        entropy=not args.no_entropy, progress=not args.no_progress)
+    settings.check()
+    return cfg, settings
+
+
+def _write_json(path: str, report: dict) -> None:
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"[reasonrl] wrote {path}", flush=True)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from reasonrl.evaluate import compare_deltas, eval_report, format_compare, format_table, run
+
+    base = None
+    if args.compare:  # read it first: a bad file fails before the model runs
+        try:
+            base = json.loads(Path(args.compare).read_text())
+            assert isinstance(base, dict) and isinstance(base.get("overall"), dict)
+        except (OSError, ValueError, AssertionError):
+            raise DataError(f"--compare {args.compare}: not a JSON file written by `reasonrl eval`") from None
+    cfg, settings = _eval_settings(args, probe=False)
+    results, record = run(cfg, settings, args.data)
+    report = eval_report(results, record, settings.ks)
+    t = report["times"]
+    print(f"[reasonrl] eval of {report['model']} on {report['settings']['data']}: "
+          f"{len(results)} prompts x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
+          f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
+          f"reward {t['reward_s']:.1f})", flush=True)
+    print(format_table(report), flush=True)
+    if base is not None:
+        report["compare"] = {"base": args.compare, "deltas": compare_deltas(base, report)}
+        print(f"[reasonrl] {args.compare} -> this evaluation", flush=True)
+        print(format_compare(base, report, Path(args.compare).stem, "this"), flush=True)
+    if args.output:
+        _write_json(args.output, report)
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from reasonrl.evaluate import ProbeThresholds, format_verdict, probe_report, run
+
+    cfg, settings = _eval_settings(args, probe=True)
+    results, record = run(cfg, settings, args.data)
+    report = probe_report(results, record, ProbeThresholds())
+    t = report["times"]
+    print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
+          f"{len(results)} prompts x {settings.n} samples at T={settings.temperature:g}, "
+          f"wall {t['wall_s']:.1f} s", flush=True)
+    print(format_verdict(report), flush=True)
+    if args.output:
+        _write_json(args.output, report)
+    return 0
+
+
+def _add_eval_options(p: argparse.ArgumentParser, probe: bool) -> None:
+    p.add_argument("overrides", nargs="*", help="dotted.key=value config overrides (e.g. rollout.engine=hf)")
+    p.add_argument("--config", help="a train config: its model, data, rollout and reward sections are used")
+    p.add_argument("--model", help="model.path: an HF folder, runs/X/checkpoints/step_N, `tiny`, or '' "
+                                   "for the embedded SmolLM2-135M-Instruct (default: the config's)")
+    p.add_argument("--data", help="a data file (JSONL/JSON/Parquet; comma-separated for several) or a "
+                                  "built-in task (arithmetic, countdown, piecewise) = its held-out split; "
+                                  "default: the config's held-out set")
+    p.add_argument("--task", choices=["auto", "numeric", "gsm8k", "math", "countdown", "piecewise"],
+                   help="the verifier (reward.task; default auto = from each record's data_source)")
+    p.add_argument("--n", type=int, help="samples per prompt (default: rollout.n; 1 with --greedy)")
+    if not probe:
+        p.add_argument("--k", help="pass@k values, comma-separated (default: 1,n)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (n = 1)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="default: " + ("rollout.max_new_tokens" if probe else
+                                       "rollout.eval_max_new_tokens, else rollout.max_new_tokens"))
+    p.add_argument("--limit", type=int, default=0, help="at most this many prompts (0 = all)")
+    p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
+    p.add_argument("--no-entropy", action="store_true", help="skip the entropy forward pass")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--output", "-o", help="write the metrics (and every completion) to this JSON file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reasonrl",
@@ -206,6 +318,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (with metrics.jsonl)")
     p.add_argument("-o", "--output", help="where to write the HTML file")
     p.set_defaults(func=_report)
+
+    p = sub.add_parser(
+        "eval", help="evaluate a model: pass@k, majority vote, entropy, lengths, per data source",
+        description="Sample --n completions per prompt with the config's rollout engine and report, "
+                    "per data_source and overall: mean reward, pass@1, unbiased pass@k (Chen et al. "
+                    "2021), majority-vote accuracy, mean token entropy, response length mean/p95, "
+                    "truncated fraction and format-error rate. Prints a table, writes --output JSON; "
+                    "--compare BASE.json prints BASE -> this side by side with deltas.")
+    _add_eval_options(p, probe=False)
+    p.add_argument("--compare", metavar="OTHER.json", help="an earlier `reasonrl eval --output` file")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser(
+        "probe", help="will GRPO learn here? accuracy, reward variance, entropy and a verdict",
+        description="Sample rollout.n completions per prompt (training's sampling) and report "
+                    "accuracy, mean per-prompt reward variance, the share of prompts whose samples "
+                    "are all right or all wrong, and entropy, with a verdict: accuracy 10-80%, "
+                    "variance > 0.05, entropy 0.2-0.8 nats; too hard -> SFT first or easier data, "
+                    "too easy -> harder data.")
+    _add_eval_options(p, probe=True)
+    p.set_defaults(func=_probe)
     return parser
 
 
@@ -215,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     # argparse stops filling `overrides` at the first option: `train c.yaml --flag a.b=1`
     # leaves `a.b=1` unparsed; anything else unknown is a real error.
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad or (rest and args.command != "train"):
+    if bad or (rest and args.command not in ("train", "eval", "probe")):
         parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
     if rest:
         args.overrides = [*args.overrides, *rest]

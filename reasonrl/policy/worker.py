@@ -165,6 +165,18 @@ class PolicyWorker:
         return out
 
     @torch.no_grad()
+    def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                      temperature: float = 1.0) -> list[torch.Tensor]:
+        """Per-token entropy (nats) of softmax(logits / temperature) at each completion
+        token's position, one unpadded tensor per row (`reasonrl eval` / `probe`)."""
+        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+            _, entropy = completion_logprobs(self.model, mb, temperature, with_entropy=True)
+            for j, i in enumerate(mb.rows):
+                out[i] = entropy[j, : len(completion_ids[i])].clone()
+        return out
+
+    @torch.no_grad()
     def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
         """Sum over each completion of the per-token KL estimate to the reference [N]."""
         if self.ref_model is None:
