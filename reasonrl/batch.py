@@ -69,3 +69,4 @@ class TrainBatch:
     completion_ids: list[list[int]]
     advantages: torch.Tensor  # [N] float, one per completion
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
+    sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, TIS)

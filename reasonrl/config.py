@@ -97,14 +97,27 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    # rollout.engine=vllm (README, "vLLM rollout engine"); vLLM runs in this process
+    kv_cache_gib: float = 0.0  # KV cache size; 0 = 1 GiB on CPU, on a GPU what gpu_memory_utilization leaves
+    gpu_memory_utilization: float = 0.5  # GPU: share of device memory for vLLM (0.5 + 0.5 with the policy)
+    enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds (CPU compile: minutes)
+    max_model_len: int = 0  # longest prompt + completion; 0 = the model's own limit
+    threads: int = 0  # CPU threads while generating; 0 = trainer.threads (generation and update alternate)
+    probe_every: int = 1  # check the probe log-probs after every K-th push (and at start); 0 = start only
+    probe_tol: float = 1e-3  # max |engine - policy| over the probe's log-probs (fp32; bf16 needs ~0.1)
+
+
+@dataclass
 class RolloutConfig:
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm"] = "hf"
     n: int = 4  # samples per prompt (the group size G)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 64
     eval_max_new_tokens: int = 0  # 0 = same as max_new_tokens
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -143,6 +156,8 @@ class AlgoConfig:
     overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens; 0 = off
     overlong_penalty: float = 1.0  # the penalty at the full length (max_new_tokens)
     mask_truncated: bool = False  # completions cut at max_new_tokens get no loss (DAPO)
+    # truncated importance sampling: per-token loss x min(pi_old / pi_engine, tis_cap); 0 = off
+    tis_cap: float = 0.0  # needs an engine reporting its sampler log-probs (rollout.engine=vllm)
 
 
 @dataclass
@@ -390,6 +405,22 @@ def validate(cfg: Config) -> None:
     need(o.mini_batches <= t.batch_size, f"optim.mini_batches: {o.mini_batches} is more than "
          f"trainer.batch_size={t.batch_size} completions")
     need(o.ppo_epochs >= 1, f"optim.ppo_epochs: must be >= 1, got {o.ppo_epochs}")
+    from reasonrl.rollout import ENGINES_WITH_LOGPROBS, engine_problem
+
+    need(a.tis_cap >= 0, f"algo.tis_cap: must be >= 0 (0 = off), got {a.tis_cap}")
+    need(a.tis_cap == 0 or r.engine in ENGINES_WITH_LOGPROBS,
+         f"algo.tis_cap: needs the sampler's log-probs, which rollout.engine={r.engine} does not "
+         f"report; engines that do: {', '.join(ENGINES_WITH_LOGPROBS)}")
+    v = r.vllm
+    need(v.kv_cache_gib >= 0, f"rollout.vllm.kv_cache_gib: must be >= 0, got {v.kv_cache_gib}")
+    need(0 < v.gpu_memory_utilization <= 1,
+         f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}")
+    need(v.max_model_len >= 0, f"rollout.vllm.max_model_len: must be >= 0, got {v.max_model_len}")
+    need(v.threads >= 0, f"rollout.vllm.threads: must be >= 0, got {v.threads}")
+    need(v.probe_every >= 0, f"rollout.vllm.probe_every: must be >= 0, got {v.probe_every}")
+    need(v.probe_tol > 0, f"rollout.vllm.probe_tol: must be > 0, got {v.probe_tol}")
+    problem = engine_problem(r.engine)  # a missing extra fails now, not after loading the model
+    need(problem is None, f"rollout.engine: {problem}")
     need(bool(cfg.reward.weights), "reward.weights: at least one component is needed")
     for name in cfg.reward.weights:
         need(name in REWARD_COMPONENTS, f"reward.weights.{name}: unknown reward component; "

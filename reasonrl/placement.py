@@ -36,7 +36,7 @@ def policy_hyper(cfg: Config) -> PolicyHyper:
         clip_ratio_c=a.clip_ratio_c, ratio_level=a.ratio_level, loss_agg=a.loss_agg,
         max_response_length=cfg.rollout.max_new_tokens, beta=a.beta,
         kl_estimator=a.kl_estimator, kl_in=a.kl_in, log_kl=a.log_kl, entropy_coef=a.entropy_coef,
-        temperature=cfg.rollout.temperature,
+        temperature=cfg.rollout.temperature, tis_cap=a.tis_cap,
     )
 
 
@@ -46,7 +46,8 @@ def build_workers(cfg: Config) -> Workers:
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, DTYPES[cfg.model.dtype],
                                                 seed=cfg.trainer.seed)
     policy = PolicyWorker(model, tokenizer.pad_token_id, policy_hyper(cfg))
-    engine = make_engine(cfg.rollout.engine, model, tokenizer)  # shares the policy's model
+    # hf shares the policy's model; vllm starts from a copy of its weights
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
     d = cfg.data
     rollout = RolloutWorker(engine, tokenizer, d.apply_chat_template, d.system_prompt,
                             d.max_prompt_tokens)

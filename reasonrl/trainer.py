@@ -227,7 +227,7 @@ class Trainer:
 
         t = time.perf_counter()
         update = self.policy.train_step(TrainBatch(rollouts.prompt_ids, rollouts.completion_ids,
-                                                   advantages, loss_mask))
+                                                   advantages, loss_mask, rollouts.sampler_logprobs))
         times["update"] = time.perf_counter() - t
         self.step_count += 1  # the policy is now at version step_count
 
@@ -244,10 +244,13 @@ class Trainer:
         return metrics, rollouts, scores, advantages
 
     def sync_weights(self) -> None:
-        """Push the policy's weights to the rollout engine and check, by checksum, that the
-        engine serves them (`WeightSyncError` otherwise); later rollouts carry this version."""
+        """Push the policy's weights to the rollout engine and check, by checksum (and for
+        engines that want it, the log-probs of a probe sequence), that the engine serves
+        them (`WeightSyncError` otherwise); later rollouts carry this version."""
+        probe = self.rollout.probe_due()
         self.rollout.load_weights(self.policy.named_weights(), version=self.step_count,
-                                  expected_checksum=self.policy.weights_checksum())
+                                  expected_checksum=self.policy.weights_checksum(),
+                                  expected_probe=None if probe is None else self.policy.probe_logprobs(probe))
 
     def rollout_and_score(self) -> tuple[Rollouts, Scores, torch.Tensor, torch.Tensor,
                                          dict[str, float], dict[str, float]]:

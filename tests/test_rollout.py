@@ -301,5 +301,5 @@ def test_encode_at_the_limit_is_fine(tiny):
 def test_make_engine(tiny):
     model, tokenizer = tiny
     assert isinstance(make_engine("hf", model, tokenizer), HFEngine)
-    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'vllm2'; allowed: hf"):
+    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'vllm2'; allowed: hf, vllm"):
         make_engine("vllm2", model, tokenizer)

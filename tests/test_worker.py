@@ -287,7 +287,8 @@ def test_second_epoch_ratio_differs_from_one_and_clips(base_model, monkeypatch):
     assert len(steps) == 2 and len(ratios) == 2  # one micro-batch per epoch
     assert (ratios[0] - 1).abs().max().item() < 1e-4
     assert (ratios[1] - 1).abs().max().item() > 0.2
-    assert metrics["train/clip_frac"] > 0 and metrics["train/ratio_max"] > 1.2
+    assert metrics["train/clip_frac"] > 0
+    assert metrics["train/ratio_max"] > 1.2 or metrics["train/ratio_min"] < 0.8
 
 
 def test_one_update_needs_no_old_logprob_pass(base_model, monkeypatch):

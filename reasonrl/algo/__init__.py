@@ -7,6 +7,7 @@ from reasonrl.algo.advantages import (
     informative_groups,
     zero_variance_groups,
 )
+from reasonrl.algo.importance import truncated_importance_weights
 from reasonrl.algo.kl import KL_ESTIMATORS, kl_estimate, kl_penalised_rewards
 from reasonrl.algo.loss import (
     LOSS_AGGREGATIONS,
@@ -22,5 +23,5 @@ __all__ = [
     "ADVANTAGE_MODES", "GROUP_ADVANTAGE_MODES", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "RATIO_LEVELS",
     "PolicyLoss", "aggregate", "clipped_policy_loss", "group_advantages", "informative_groups",
     "kl_estimate", "kl_penalised_rewards", "log_importance_ratio", "overlong_penalty",
-    "zero_variance_groups",
+    "truncated_importance_weights", "zero_variance_groups",
 ]

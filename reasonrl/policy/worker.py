@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate
+from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
 from reasonrl.batch import TrainBatch
 
 
@@ -49,6 +49,7 @@ class PolicyHyper:
     log_kl: bool = False  # keep a reference model for the train/kl metric even when beta = 0
     entropy_coef: float = 0.0
     temperature: float = 1.0  # log-probs are those of the sampling distribution
+    tis_cap: float = 0.0  # truncated importance sampling against the engine's log-probs; 0 = off
 
 
 def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
@@ -209,6 +210,7 @@ class PolicyWorker:
         prompt_ids = [batch.prompt_ids[i] for i in rows]
         completion_ids = [batch.completion_ids[i] for i in rows]
         advantages = batch.advantages[rows].float()
+        engine_logp = None if batch.sampler_logprobs is None else [batch.sampler_logprobs[i] for i in rows]
         max_len = float(h.max_response_length or max((len(c) for c in completion_ids), default=1))
         lr = self.optimizer.param_groups[0]["lr"]
 
@@ -224,7 +226,8 @@ class PolicyWorker:
                 updates.append(self._update(
                     [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], advantages[idx],
                     None if old_logp is None else [old_logp[i] for i in idx],
-                    None if ref_logp is None else [ref_logp[i] for i in idx], max_len))
+                    None if ref_logp is None else [ref_logp[i] for i in idx], max_len,
+                    None if engine_logp is None else [engine_logp[i] for i in idx]))
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()  # the schedule counts training steps, updated or skipped
@@ -243,8 +246,11 @@ class PolicyWorker:
 
     def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
-                ref_logp: list[torch.Tensor] | None, max_len: float) -> dict[str, float]:
-        """One optimizer step on these rows; normalisers are totals over exactly these rows."""
+                ref_logp: list[torch.Tensor] | None, max_len: float,
+                engine_logp: list[torch.Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step on these rows; normalisers are totals over exactly these rows.
+        With the engine's log-probs, logs |logp_engine - logp_old| and (`tis_cap`) weights
+        the per-token loss by `truncated_importance_weights`."""
         h = self.h
         num_tokens = float(sum(len(c) for c in completion_ids))
         num_sequences = float(len(completion_ids))
@@ -258,7 +264,10 @@ class PolicyWorker:
         sums = dict(loss=0.0, pg_loss=0.0, entropy=0.0, clip_frac=0.0, dual_clip_frac=0.0, ratio_mean=0.0)
         if self.ref_model is not None:
             sums["kl"] = 0.0
-        ratio_max, ratio_min = -math.inf, math.inf
+        if engine_logp is not None:
+            sums.update(logprob_diff_mean=0.0, **(dict(tis_weight_mean=0.0, tis_capped_frac=0.0)
+                                                  if h.tis_cap > 0 else {}))
+        ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for mb in make_micro_batches(prompt_ids, completion_ids, h.micro_batch_size, self.pad_id):
             logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True,
@@ -266,7 +275,18 @@ class PolicyWorker:
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
             pg = clipped_policy_loss(logp, old, advantages[mb.rows], h.clip_low, h.clip_high,
                                      h.clip_ratio_c, mb.mask, h.ratio_level)
-            loss = agg(pg.loss, mb.mask)
+            pg_tokens = pg.loss
+            if engine_logp is not None:
+                engine = pad_like([engine_logp[i] for i in mb.rows], old)
+                diff = (engine - old).abs()
+                sums["logprob_diff_mean"] += token_mean(diff, mb.mask)
+                diff_max = max(diff_max, (diff * mb.mask).max().item())
+                if h.tis_cap > 0:
+                    weight = truncated_importance_weights(old, engine, h.tis_cap)
+                    pg_tokens = pg.loss * weight
+                    sums["tis_weight_mean"] += token_mean(weight, mb.mask)
+                    sums["tis_capped_frac"] += token_mean(weight >= h.tis_cap, mb.mask)
+            loss = agg(pg_tokens, mb.mask)
             sums["pg_loss"] += loss.item()
             if h.entropy_coef != 0:
                 loss = loss - h.entropy_coef * agg(entropy, mb.mask)
@@ -298,6 +318,8 @@ class PolicyWorker:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
+        if engine_logp is not None:
+            sums["logprob_diff_max"] = diff_max
         return {**sums, "ratio_max": ratio_max if ratio_max > -math.inf else 1.0,
                 "ratio_min": ratio_min if ratio_min < math.inf else 1.0,
                 "grad_norm": grad_norm, "skipped_update": float(skipped)}
@@ -308,6 +330,13 @@ class PolicyWorker:
         """The policy's current tensors by HF name, for pushing to a rollout engine."""
         for name, param in self.model.named_parameters():
             yield name, param.detach()
+
+    def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """fp32 log-probs of a probe sequence (`reasonrl.rollout.reference_logprobs`), which an
+        engine verified by probe must reproduce after a weight push."""
+        from reasonrl.rollout import reference_logprobs
+
+        return reference_logprobs(self.model, ids)
 
     def weights_checksum(self) -> float:
         """`reasonrl.rollout.weights_checksum` of `named_weights`: what a synced engine must report."""

