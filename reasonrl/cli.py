@@ -211,9 +211,22 @@ def _eval(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from reasonrl.evaluate import ProbeThresholds, format_verdict, probe_report, run
 
+    def bounds(text: str, option: str) -> tuple[float, float]:
+        try:
+            low, high = (float(x) for x in text.split(","))
+        except ValueError:
+            raise ConfigError(f"{option}: expected LOW,HIGH like 0.1,0.8, got {text!r}") from None
+        if low > high:
+            raise ConfigError(f"{option}: LOW {low} is above HIGH {high}")
+        return low, high
+
+    (min_acc, max_acc), (min_ent, max_ent) = (bounds(args.accuracy_range, "--accuracy-range"),
+                                              bounds(args.entropy_range, "--entropy-range"))
+    thresholds = ProbeThresholds(min_accuracy=min_acc, max_accuracy=max_acc, min_variance=args.min_variance,
+                                 min_entropy=min_ent, max_entropy=max_ent)
     cfg, settings = _eval_settings(args, probe=True)
     results, record = run(cfg, settings, args.data)
-    report = probe_report(results, record, ProbeThresholds())
+    report = probe_report(results, record, thresholds)
     t = report["times"]
     print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
           f"{len(results)} prompts x {settings.n} samples at T={settings.temperature:g}, "
@@ -338,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "variance > 0.05, entropy 0.2-0.8 nats; too hard -> SFT first or easier data, "
                     "too easy -> harder data.")
     _add_eval_options(p, probe=True)
+    p.add_argument("--accuracy-range", default="0.1,0.8", metavar="LOW,HIGH",
+                   help="accuracy GRPO learns from (default 0.1,0.8)")
+    p.add_argument("--min-variance", type=float, default=0.05,
+                   help="mean per-prompt reward variance must exceed this (default 0.05)")
+    p.add_argument("--entropy-range", default="0.2,0.8", metavar="LOW,HIGH",
+                   help="mean token entropy in nats (default 0.2,0.8)")
     p.set_defaults(func=_probe)
     return parser
 

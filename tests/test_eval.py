@@ -242,14 +242,16 @@ def test_eval_sampled_writes_consistent_metrics_and_compares(tmp_path, capsys):
 
 def test_probe_end_to_end_gives_a_verdict(tmp_path, capsys):
     out = tmp_path / "probe.json"
-    assert main(["probe", *SMOKE, "--limit", "4", "--output", str(out)]) == 0
+    assert main(["probe", *SMOKE, "--limit", "4", "--entropy-range", "0.1,20", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["settings"]["n"] == 4  # rollout.n of configs/smoke.yaml
     assert report["overall"]["num_prompts"] == 4 and report["overall"]["accuracy"] == 0.0  # random model
     assert report["overall"]["all_wrong_frac"] == 1.0
     assert report["verdict"]["status"] == "too_hard" and "verdict: too_hard: SFT first" in printed
-    assert report["verdict"]["thresholds"]["min_accuracy"] == 0.10
+    assert report["verdict"]["thresholds"] == {"min_accuracy": 0.10, "max_accuracy": 0.80,
+                                               "min_variance": 0.05, "min_entropy": 0.1, "max_entropy": 20.0}
+    assert report["verdict"]["checks"] == {"accuracy": False, "variance": False, "entropy": True}
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -258,6 +260,7 @@ def test_probe_end_to_end_gives_a_verdict(tmp_path, capsys):
     (["probe", "--data", "no/such.jsonl"], "--data no/such.jsonl: no such file, and not a built-in task"),
     (["eval", "--compare", "configs/smoke.yaml"], "not a JSON file written by `reasonrl eval`"),
     (["eval", "rollout.enigne=hf"], "rollout.enigne"),
+    (["probe", "--entropy-range", "0.8,0.2"], "--entropy-range: LOW 0.8 is above HIGH 0.2"),
 ])
 def test_eval_errors_are_clean_and_early(args, needle, capsys):
     assert main([*args, *SMOKE]) == 2
