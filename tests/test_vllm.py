@@ -162,10 +162,21 @@ PROMPTS = ["What is 2 + 3?", "Name a colour."]
 def vllm_setup(tiny):
     """(engine, policy model copy it started from, tokenizer, prompt ids); closed at the end."""
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    before = (torch.random.get_rng_state(), torch.get_num_threads(), torch.set_num_threads)
     engine = make_engine("vllm", model, tokenizer)
+    engine.process_state = before, (torch.random.get_rng_state(), torch.get_num_threads(),
+                                    torch.set_num_threads)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     yield engine, model, tokenizer, prompt_ids
     engine.close()
+
+
+@needs_vllm
+def test_vllm_start_leaves_the_trainer_state_alone(vllm_setup):
+    """vLLM seeds the global RNGs and replaces torch.set_num_threads by a no-op when it
+    starts in-process; the engine undoes both (the run's random stream is its own)."""
+    (rng, threads, set_threads), (rng_after, threads_after, set_threads_after) = vllm_setup[0].process_state
+    assert torch.equal(rng, rng_after) and threads == threads_after and set_threads is set_threads_after
 
 
 @needs_vllm
@@ -180,6 +191,11 @@ def test_vllm_generation_shapes_and_logprobs(vllm_setup):
         assert cut == (not ended and len(ids) == 6)
         assert torch.all(logp <= 0)
     assert len({tuple(c) for c in gen.completion_ids[:3]}) > 1  # n samples of a prompt differ
+    # per-prompt seeds come from torch's RNG: the run's seed fixes the samples
+    torch.manual_seed(7)
+    first = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6)).completion_ids
+    torch.manual_seed(7)
+    assert engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6)).completion_ids == first
     # log-prob parity: the sampler's per-token log-probs vs the policy's fp32 forward
     policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
     rows = [p for p in prompts for _ in range(3)]

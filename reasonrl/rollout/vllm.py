@@ -294,7 +294,8 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
 
         probe = VSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        with torch_threads(self.threads):
+        # sampling its one new token must not move the run's random stream
+        with torch_threads(self.threads), torch.random.fork_rng():
             (out,) = self.llm.generate([{"prompt_token_ids": list(ids)}], probe, use_tqdm=False)
         return sampled_logprobs(out.prompt_logprobs[1:], ids[1:])
 
