@@ -4,6 +4,8 @@ Layout of `runs/<name>/checkpoints/step_N/`:
 
     huggingface/         the policy as an HF folder (model dtype, loadable by transformers
                          and vLLM; it is also the exact copy the trainer resumes from)
+    adapter/             LoRA only: the peft adapter, what a resume loads; huggingface/ then
+                         holds the merged weights (absent with model.lora.save_merged=false)
     trainer_state.json   step, sampler position, resolved config + its hash, byte offsets of
                          metrics.jsonl and samples.jsonl, eval before training, bad-step count
     state.pt             optimizer, LR scheduler, policy step, RNG states (python, numpy,
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+ADAPTER_DIR = "adapter"
 TENSOR_FILE = "state.pt"
 FORMAT = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -121,11 +124,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict) -> None:
-    """The policy's HF folder, its optimizer/scheduler state, every RNG and `trainer_state`."""
+def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict, merged: bool = True) -> None:
+    """The policy's HF folder, its optimizer/scheduler state, every RNG and `trainer_state`.
+    A LoRA policy writes its adapter, and the merged HF folder only if `merged`."""
 
     def write(tmp: Path) -> None:
-        policy.save_pretrained(tmp / "huggingface", tokenizer)
+        if not policy.save_adapter(tmp / ADAPTER_DIR) or merged:
+            policy.save_pretrained(tmp / "huggingface", tokenizer)
         torch.save({"policy": policy.state_dict(), "rng": rng_state()}, tmp / TENSOR_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, **trainer_state}, indent=1))
 
@@ -149,7 +154,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir()
              if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-             and (p / TENSOR_FILE).is_file() and (p / "huggingface").is_dir()]
+             and (p / TENSOR_FILE).is_file()
+             and ((p / "huggingface").is_dir() or (p / ADAPTER_DIR).is_dir())]
     return [p for _, p in sorted(found)]
 
 
@@ -186,7 +192,8 @@ def find_resume_point(resume: str, output_dir: str, run_name: str) -> tuple[Path
 
 
 def read_checkpoint(path: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
-    """(trainer_state, tensor state {policy, rng}, HF weights by name) of a checkpoint."""
+    """(trainer_state, tensor state {policy, rng}, weights by name) of a checkpoint: the HF
+    folder's, or a LoRA checkpoint's adapter tensors."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -196,9 +203,10 @@ def read_checkpoint(path: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
     # our own file (optimizer state, numpy RNG tuples): not loadable with weights_only
     tensors = torch.load(path / TENSOR_FILE, map_location="cpu", weights_only=False)
     weights: dict[str, torch.Tensor] = {}
-    files = sorted((path / "huggingface").glob("*.safetensors"))
+    folder = path / ADAPTER_DIR if (path / ADAPTER_DIR).is_dir() else path / "huggingface"
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{path}/huggingface: no *.safetensors weights")
+        raise ValueError(f"{folder}: no *.safetensors weights")
     for f in files:
         weights.update(load_file(f))
     return state, tensors, weights

@@ -41,9 +41,22 @@ _YamlLoader.add_implicit_resolver(
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters through `peft` (Hu et al. 2021, "LoRA", arXiv:2106.09685): W + (alpha/rank) B A."""
+
+    rank: int = 0  # 0 = off (full fine-tuning); e.g. 16
+    alpha: float = 32.0  # scale = alpha / rank
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    save_merged: bool = True  # checkpoints also hold huggingface/ (merged weights) beside adapter/
+
+
+@dataclass
 class ModelConfig:
     path: str = ""  # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, or a folder
     dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -196,8 +209,33 @@ class TrainerConfig:
 
 
 @dataclass
+class WorkerPlacement:
+    """Ray resources of one worker actor (each policy rank is one actor)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0  # may be fractional: 0.5 + 0.5 share one GPU
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_a: 1}
+
+
+@dataclass
+class PolicyPlacement(WorkerPlacement):
+    ranks: int = 1  # data-parallel ranks (torch.distributed + FSDP2); > 1 needs mode=ray
+
+
+@dataclass
 class PlacementConfig:
-    mode: Literal["local"] = "local"
+    # local: workers in this process; ray: each worker is a Ray actor (docs/scaling.md)
+    mode: Literal["local", "ray"] = "local"
+    # ray: "" = start a Ray instance for this run; "auto" = the cluster of `ray start --head`
+    # on this machine; or host:port / ray://host:10001
+    address: str = ""
+    num_cpus: int = 0  # CPUs of the Ray instance a run starts itself (0 = all); not for address
+    start_timeout: float = 180.0  # seconds for a worker actor to be scheduled and built
+    call_timeout: float = 3600.0  # seconds for one remote call (a step, a sync, an eval chunk)
+    # torch.distributed backend of the policy ranks; auto = nccl when the ranks have GPUs, else gloo
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    policy: PolicyPlacement = field(default_factory=PolicyPlacement)
+    rollout: WorkerPlacement = field(default_factory=WorkerPlacement)
 
 
 @dataclass
@@ -449,6 +487,39 @@ def validate(cfg: Config) -> None:
     for op in ar.operators:
         need(op in ("+", "-", "*"), f"data.arithmetic.operators: {op!r} is not allowed; "
              "allowed values: +, -, *")
+    lo, pl = cfg.model.lora, cfg.placement
+    need(lo.rank >= 0, f"model.lora.rank: must be >= 0 (0 = off), got {lo.rank}")
+    need(lo.alpha > 0, f"model.lora.alpha: must be > 0, got {lo.alpha}")
+    need(0 <= lo.dropout < 1, f"model.lora.dropout: must be in [0, 1), got {lo.dropout}")
+    need(lo.rank == 0 or bool(lo.target_modules), "model.lora.target_modules: at least one module name")
+    need(pl.policy.ranks >= 1, f"placement.policy.ranks: must be >= 1, got {pl.policy.ranks}")
+    need(pl.policy.ranks == 1 or pl.mode == "ray",
+         f"placement.policy.ranks: {pl.policy.ranks} ranks need placement.mode=ray")
+    need(pl.policy.ranks == 1 or lo.rank == 0,
+         "placement.policy.ranks: data-parallel ranks train the full model; with model.lora.rank > 0 "
+         "use one rank")
+    need(pl.start_timeout > 0, f"placement.start_timeout: must be > 0 seconds, got {pl.start_timeout}")
+    need(pl.call_timeout > 0, f"placement.call_timeout: must be > 0 seconds, got {pl.call_timeout}")
+    need(pl.num_cpus >= 0, f"placement.num_cpus: must be >= 0 (0 = all), got {pl.num_cpus}")
+    for role, w in (("policy", pl.policy), ("rollout", pl.rollout)):
+        need(w.num_cpus >= 0 and w.num_gpus >= 0,
+             f"placement.{role}: num_cpus and num_gpus must be >= 0, got {w.num_cpus}, {w.num_gpus}")
+        need(w.num_gpus <= 1 or w.num_gpus == int(w.num_gpus),
+             f"placement.{role}.num_gpus: a fraction must be < 1 (0.5 shares a GPU), got {w.num_gpus}")
+        for name, amount in w.resources.items():
+            need(amount > 0, f"placement.{role}.resources.{name}: must be > 0, got {amount}")
+    for section in ("num_gpus", "resources"):
+        need(pl.mode == "ray" or getattr(pl.policy, section) == getattr(WorkerPlacement(), section)
+             and getattr(pl.rollout, section) == getattr(WorkerPlacement(), section),
+             f"placement.policy/rollout.{section}: only used with placement.mode=ray")
+    need(pl.backend != "nccl" or pl.policy.num_gpus > 0,
+         "placement.backend: nccl needs GPUs (placement.policy.num_gpus > 0)")
+    import importlib.util
+
+    need(pl.mode != "ray" or importlib.util.find_spec("ray") is not None,
+         "placement.mode=ray needs Ray: pip install 'reasonrl[ray]'")
+    need(lo.rank == 0 or importlib.util.find_spec("peft") is not None,
+         "model.lora.rank > 0 needs peft: pip install 'reasonrl[lora]'")
     from reasonrl.tracking import missing_extra
 
     for backend in cfg.tracking.backends:  # a missing extra fails now, not after the first eval

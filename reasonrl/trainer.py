@@ -366,7 +366,8 @@ class Trainer:
         write_checkpoint(target, self.policy, self.workers.tokenizer, {
             "step": self.step_count, "sampler": self.sampler.state_dict(),
             "config": config, "config_hash": config_hash(config), "offsets": offsets,
-            "eval_before": eval_before or {}, "bad_steps": self.bad_steps})
+            "eval_before": eval_before or {}, "bad_steps": self.bad_steps},
+            merged=self.cfg.model.lora.save_merged)
         rotate(run_dir, self.cfg.trainer.keep_last)
         return target
 
@@ -494,4 +495,8 @@ class Trainer:
 
 
 def train(cfg: Config) -> RunResult:
-    return Trainer(cfg).fit()
+    trainer = Trainer(cfg)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.workers.close()  # ray mode: stop this run's actors

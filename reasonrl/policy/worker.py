@@ -9,7 +9,7 @@ whatever `micro_batch_size` is.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterator
@@ -19,6 +19,7 @@ import torch
 
 from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
 from reasonrl.batch import TrainBatch
+from reasonrl.policy import lora
 
 
 @dataclass
@@ -77,6 +78,10 @@ class MicroBatch:
     positions: torch.Tensor  # [M, T]: position whose logits predict completion token t
     targets: torch.Tensor  # [M, T]: completion token ids
     mask: torch.Tensor  # [M, T] float: valid completion tokens
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self) if f.name != "rows"})
 
 
 def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -138,12 +143,13 @@ def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
 
 
 class PolicyWorker:
-    def __init__(self, model, pad_id: int, hyper: PolicyHyper):
+    def __init__(self, model, pad_id: int, hyper: PolicyHyper, ref_model=None):
         self.model, self.pad_id, self.h = model, pad_id, hyper
         self.model.train()
-        self.ref_model = None
-        if hyper.beta > 0 or hyper.log_kl:  # only then is a frozen copy worth its memory
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.device = next(model.parameters()).device  # micro-batches go where the weights are
+        self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
+        if ref_model is None and (hyper.beta > 0 or hyper.log_kl):  # only then is it worth its memory
+            self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=hyper.lr,
             betas=tuple(hyper.betas), eps=hyper.eps, weight_decay=hyper.weight_decay)
@@ -160,7 +166,7 @@ class PolicyWorker:
         """Each completion's token log-probs under `model`, one unpadded tensor per row."""
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
         for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
-            logp, _ = completion_logprobs(model, mb, self.h.temperature)
+            logp, _ = completion_logprobs(model, mb.to(self.device), self.h.temperature)
             for j, i in enumerate(mb.rows):
                 out[i] = logp[j, : len(completion_ids[i])].clone()
         return out
@@ -184,10 +190,11 @@ class PolicyWorker:
             raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
         out = torch.zeros(len(prompt_ids))
         for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+            mb = mb.to(self.device)
             logp, _ = completion_logprobs(self.model, mb, self.h.temperature)
             ref, _ = completion_logprobs(self.ref_model, mb, self.h.temperature)
             kl = kl_estimate(logp, ref, self.h.kl_estimator)
-            out[mb.rows] = (kl * mb.mask).sum(-1)
+            out[mb.rows] = (kl * mb.mask).sum(-1).cpu()
         return out
 
     # ---- the updates of one training step ----------------------------------------------
@@ -244,6 +251,12 @@ class PolicyWorker:
                         "train/sequences": float(len(rows)), "train/updates": float(len(updates))})
         return metrics
 
+    def train_micro_batches(self, prompt_ids: list[list[int]],
+                            completion_ids: list[list[int]]) -> list[MicroBatch]:
+        """The micro-batches this process trains on in one optimizer step: all of them. A
+        data-parallel rank (`reasonrl.policy.parallel.RankPolicyWorker`) takes its share."""
+        return make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id)
+
     def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
                 ref_logp: list[torch.Tensor] | None, max_len: float,
@@ -269,7 +282,9 @@ class PolicyWorker:
                                                   if h.tis_cap > 0 else {}))
         ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in make_micro_batches(prompt_ids, completion_ids, h.micro_batch_size, self.pad_id):
+        advantages = advantages.to(self.device)
+        for mb in self.train_micro_batches(prompt_ids, completion_ids):
+            mb = mb.to(self.device)
             logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True,
                                                 entropy_grad=h.entropy_coef != 0)
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
@@ -327,7 +342,11 @@ class PolicyWorker:
     # ---- weights ----------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's current tensors by HF name, for pushing to a rollout engine."""
+        """The policy's current tensors by HF name, for pushing to a rollout engine (LoRA:
+        the merged weights W + scale * B A, which is what the engine serves)."""
+        if lora.is_lora(self.model):
+            yield from lora.merged_named_weights(self.model)
+            return
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
@@ -345,9 +364,20 @@ class PolicyWorker:
         return weights_checksum(self.named_weights())
 
     def save_pretrained(self, path, tokenizer=None) -> None:
+        """The policy as an HF model folder (LoRA: the merged weights)."""
+        if lora.is_lora(self.model):
+            lora.save_merged(self.model, path, tokenizer)
+            return
         self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
+
+    def save_adapter(self, path) -> bool:
+        """LoRA: write the adapter folder (what a resume loads) and return True; else False."""
+        if not lora.is_lora(self.model):
+            return False
+        lora.save_adapter(self.model, path)
+        return True
 
     # ---- checkpoint state (the weights travel separately, as the HF folder) -------------
 
@@ -364,7 +394,11 @@ class PolicyWorker:
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy saved tensors (an HF folder's state dict) into the policy in place. Tied
-        weights (lm_head = embeddings) may be absent; any other missing name is an error."""
+        weights (lm_head = embeddings) may be absent; any other missing name is an error.
+        A LoRA policy takes its adapter's tensors (`save_adapter`'s file)."""
+        if lora.is_lora(self.model):
+            lora.load_adapter(self.model, tensors)
+            return
         params = dict(self.model.state_dict(keep_vars=True))
         missing = set(params) - set(tensors)
         tied = {n for n in missing if params[n].data_ptr() in
