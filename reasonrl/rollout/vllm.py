@@ -10,7 +10,7 @@ How it is wired:
 - vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor), so a
   weight push hands the policy's tensors to vLLM's worker by reference: the worker's
   `reload_weights` (reached through `LLM.collective_rpc`) copies them into its own
-  layout; ~0.5 s for 135M parameters on 2 CPU cores.
+  layout (about a second for 135M parameters on 2 CPU cores).
 - Tied embeddings: on CPU vLLM packs each linear layer's weight for oneDNN. A tied
   `lm_head` keeps its own packed copy of `embed_tokens`, which `reload_weights` does
   not refresh; every layer whose weight is shared with another is re-packed after a push.
@@ -26,10 +26,10 @@ Weight-sync verification (the contract of `reasonrl.rollout`, plus a probe):
   policy (an fp32 forward), must agree within `rollout.vllm.probe_tol`. Checked when
   the engine starts (against the model it was built from) and after every
   `rollout.vllm.probe_every`-th push (against the policy), raising `WeightSyncError`.
-  In fp32 the two agree to ~1e-5 (README), far below the default tolerance.
+  In fp32 they agree to 5e-5 or better (README), far below the default tolerance.
 
-Sampling: each prompt gets its own seed drawn from torch's global RNG, so a run is
-reproducible from `trainer.seed` and a resume continues the same stream. The sampled
+Sampling: each prompt gets its own seed drawn from torch's global RNG, so the samples
+are fixed by `trainer.seed` (the same seed gives the same samples). The sampled
 tokens' log-probs are vLLM's "processed" ones (after temperature, top-k and top-p:
 those of the distribution actually sampled from), returned as `Generation.logprobs`.
 """
