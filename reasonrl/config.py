@@ -184,6 +184,9 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # sequences per forward/backward; the gradient does not depend on it
+    # run each prompt once per micro-batch for all its completions (a GRPO group shares it):
+    # same log-probs and gradient, fewer tokens through the model
+    share_prompt: bool = True
     mini_batches: int = 1  # optimizer steps per pass over the batch
     ppo_epochs: int = 1  # passes over the batch; > 1 (or mini_batches > 1) makes updates off-policy
 

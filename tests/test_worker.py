@@ -37,10 +37,27 @@ def test_micro_batches_pad_to_their_own_length():
     assert mbs[0].mask.tolist() == [[1, 0, 0], [1, 1, 1]]
 
 
+def test_shared_prompt_micro_batches_compute_each_prompt_once():
+    mbs = make_micro_batches(PROMPTS, COMPLETIONS, size=3, pad_id=0, share_prompt=True)
+    # ordered by prompt length: [1, 7] (row 1), then rows 0 and 2 (same prompt), then row 3
+    assert [mb.rows for mb in mbs] == [[1, 0, 2], [3]]
+    first = mbs[0]
+    assert first.prompts.tolist() == [[1, 7, 0, 0], [1, 5, 9, 11]]  # two distinct prompts, right-padded
+    assert first.prompt_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert first.prompt_of_row.tolist() == [0, 1, 1]
+    # completion inputs: all but the last token of each row
+    assert first.input_ids.tolist() == [[0, 0, 0, 0], [20, 21, 0, 0], [40, 41, 42, 43]]
+    assert first.attention_mask.tolist() == [[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0],
+                                             [1, 1, 1, 1, 1, 1, 1, 1]]
+    assert first.targets.tolist() == [[30, 0, 0, 0, 0], [20, 21, 2, 0, 0], [40, 41, 42, 43, 44]]
+    assert first.mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("share_prompt", [False, True], ids=["plain", "shared_prompt"])
 @pytest.mark.parametrize("size", [1, 3, 4])
-def test_completion_logprobs_match_a_plain_forward(base_model, size):
+def test_completion_logprobs_match_a_plain_forward(base_model, size, share_prompt):
     with torch.no_grad():
-        for mb in make_micro_batches(PROMPTS, COMPLETIONS, size=size, pad_id=0):
+        for mb in make_micro_batches(PROMPTS, COMPLETIONS, size=size, pad_id=0, share_prompt=share_prompt):
             logp, entropy = completion_logprobs(base_model, mb, with_entropy=True)
             for j, row in enumerate(mb.rows):
                 n = len(COMPLETIONS[row])
@@ -110,14 +127,15 @@ EXTRAS = {"beta": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01, "clip_ratio_c
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 @pytest.mark.parametrize("extras", [False, True], ids=["plain", "kl+entropy+dual_clip"])
 def test_gradient_does_not_depend_on_micro_batch_size(base_model, loss_agg, ratio_level, extras):
-    """Micro-batch sizes 1, 2, 3 and the full batch (4) give the same gradient in every mode."""
+    """Micro-batch sizes 1, 2, 3 and the full batch (4), each prompt computed per row or once
+    per micro-batch (`share_prompt`), give the same gradient in every mode."""
     hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8,
                  **(EXTRAS if extras else {}))
-    (full,), m_full, _ = run_train_step(base_model, 4, **hyper)
+    (full,), m_full, _ = run_train_step(base_model, 4, share_prompt=False, **hyper)
     assert max(g.abs().max().item() for g in full.values()) > 1e-3  # a real gradient
-    for size in (1, 2, 3):
-        (grads,), metrics, _ = run_train_step(base_model, size, **hyper)
-        assert_grads_close(grads, full, f"micro_batch_size={size}")
+    for size, share in [(1, False), (2, False), (3, False), (1, True), (2, True), (3, True), (4, True)]:
+        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share, **hyper)
+        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}")
         for key in ("train/loss", "train/pg_loss", "train/entropy", "train/clip_frac"):
             assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
         if extras:
@@ -132,7 +150,7 @@ def test_gradient_is_invariant_per_optimizer_step_with_mini_batches_and_epochs(
     the later steps are off-policy (ratio != 1), and still every step's gradient is the
     same for micro-batch sizes 1, 2 (= the mini-batch) and 4."""
     hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8, ppo_epochs=2,
-                 mini_batches=2, sgd_lr=0.5)
+                 mini_batches=2, sgd_lr=0.1)
     full, m_full, _ = run_train_step(base_model, 4, **hyper)
     assert len(full) == 4 and m_full["train/updates"] == 4
     assert abs(m_full["train/ratio_max"] - 1) > 1e-3 or abs(m_full["train/ratio_min"] - 1) > 1e-3

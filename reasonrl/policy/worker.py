@@ -51,6 +51,7 @@ class PolicyHyper:
     entropy_coef: float = 0.0
     temperature: float = 1.0  # log-probs are those of the sampling distribution
     tis_cap: float = 0.0  # truncated importance sampling against the engine's log-probs; 0 = off
+    share_prompt: bool = True  # compute a prompt once per micro-batch for all its rows (a group)
 
 
 def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
@@ -72,21 +73,43 @@ def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: floa
 
 @dataclass
 class MicroBatch:
+    """Rows of one forward/backward. Two layouts:
+
+    - plain (`prompts` is None): `input_ids` [M, L] is each row's prompt + completion,
+      right-padded, and `positions` [M, T] index the hidden states predicting completion
+      token t;
+    - shared prompt: the U distinct prompts of the rows are run once (`prompts` [U, P],
+      right-padded, `prompt_mask`), `prompt_of_row` [M] maps rows to them, and `input_ids`
+      [M, C] are the completion tokens that are inputs (all but each row's last), so that
+      `attention_mask` [M, P + C] covers the row's prompt and its completion. The hidden
+      state predicting completion token 0 is the prompt's last; token t > 0 is predicted
+      from completion input t - 1 (`positions` then index the [M, 1 + C] concatenation).
+    """
+
     rows: list[int]  # indices into the step batch
-    input_ids: torch.Tensor  # [M, L] right-padded prompt+completion
-    attention_mask: torch.Tensor  # [M, L]
-    positions: torch.Tensor  # [M, T]: position whose logits predict completion token t
+    input_ids: torch.Tensor  # plain: [M, L] prompt+completion; shared: [M, C] completion inputs
+    attention_mask: torch.Tensor  # plain: [M, L]; shared: [M, P + C]
+    positions: torch.Tensor  # [M, T]: index of the hidden state that predicts completion token t
     targets: torch.Tensor  # [M, T]: completion token ids
     mask: torch.Tensor  # [M, T] float: valid completion tokens
+    prompts: torch.Tensor | None = None  # shared: [U, P] distinct prompts, right-padded
+    prompt_mask: torch.Tensor | None = None  # shared: [U, P]
+    prompt_of_row: torch.Tensor | None = None  # shared: [M] long, row -> its prompt in `prompts`
 
     def to(self, device: torch.device) -> MicroBatch:
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
-                                            for f in dataclasses.fields(self) if f.name != "rows"})
+                                            for f in dataclasses.fields(self)
+                                            if f.name != "rows" and getattr(self, f.name) is not None})
 
 
 def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                       size: int, pad_id: int) -> list[MicroBatch]:
-    """Group rows of similar total length, right-pad each group only to its own maximum."""
+                       size: int, pad_id: int, share_prompt: bool = False) -> list[MicroBatch]:
+    """Split rows into micro-batches of at most `size` rows, each padded only to its own
+    maximum. Plain: rows of similar total length go together. `share_prompt`: rows with the
+    same prompt (a GRPO group) go together and the prompt is computed once per micro-batch
+    (see `MicroBatch`)."""
+    if share_prompt:
+        return _shared_prompt_micro_batches(prompt_ids, completion_ids, size, pad_id)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -109,6 +132,64 @@ def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[in
     return batches
 
 
+def _shared_prompt_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                                 size: int, pad_id: int) -> list[MicroBatch]:
+    # Rows ordered by prompt (length, then content) and, within a prompt, by completion length:
+    # consecutive chunks then hold few distinct prompts and little completion padding.
+    order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i],
+                                                          len(completion_ids[i])))
+    batches = []
+    for start in range(0, len(order), size):
+        rows = order[start: start + size]
+        distinct: dict[tuple[int, ...], int] = {}
+        prompt_of_row = torch.tensor([distinct.setdefault(tuple(prompt_ids[i]), len(distinct)) for i in rows])
+        width = max(len(p) for p in distinct)
+        prompts = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for u, p in enumerate(distinct):
+            prompts[u, : len(p)] = torch.tensor(p)
+            prompt_mask[u, : len(p)] = 1
+        t_max = max(max(len(completion_ids[i]) for i in rows), 1)
+        inputs = torch.full((len(rows), t_max - 1), pad_id, dtype=torch.long)
+        attn = torch.cat([prompt_mask[prompt_of_row],
+                          torch.zeros((len(rows), t_max - 1), dtype=torch.long)], 1)
+        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
+        mask = torch.zeros((len(rows), t_max))
+        for j, i in enumerate(rows):
+            c = completion_ids[i]
+            inputs[j, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+            attn[j, width: width + len(c) - 1] = 1
+            targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[j, : len(c)] = 1.0
+        positions = torch.arange(t_max).expand(len(rows), t_max).clone()
+        batches.append(MicroBatch(rows, inputs, attn, positions, targets, mask, prompts, prompt_mask,
+                                  prompt_of_row))
+    return batches
+
+
+def _shared_prompt_hidden(model, mb: MicroBatch) -> torch.Tensor:
+    """[M, 1 + C, H]: the hidden states predicting each row's completion tokens, computing
+    each distinct prompt once. The prompt's keys and values are copied to its rows (an
+    `index_select`, differentiable), so the gradient of every row reaches the shared prompt
+    forward: the same values and gradient as running each row's prompt separately."""
+    from transformers import DynamicCache
+
+    decoder = model.get_decoder()
+    prompt_len = mb.prompt_mask.sum(1)
+    cache = DynamicCache(config=model.config)
+    prompt_pos = torch.arange(mb.prompts.size(1), device=mb.prompts.device).expand_as(mb.prompts)
+    out = decoder(input_ids=mb.prompts, attention_mask=mb.prompt_mask, position_ids=prompt_pos,
+                  past_key_values=cache, use_cache=True).last_hidden_state
+    last = out[torch.arange(out.size(0), device=out.device), prompt_len - 1][mb.prompt_of_row]  # [M, H]
+    if mb.input_ids.size(1) == 0:  # every completion is one token long
+        return last[:, None]
+    cache.reorder_cache(mb.prompt_of_row)  # [U, ...] -> [M, ...]: each row gets its prompt's keys/values
+    positions = prompt_len[mb.prompt_of_row, None] + torch.arange(mb.input_ids.size(1), device=last.device)
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=positions,
+                     past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([last[:, None], hidden], 1)
+
+
 def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [M, T] of the completion tokens (and their entropies [M, T] if asked;
@@ -118,7 +199,11 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_en
     135M model with a 49k vocabulary the head costs about a quarter of the forward,
     so skipping the prompt positions saves real time.
     """
-    hidden = model.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    if mb.prompts is None:
+        decoder = model.get_decoder()
+        hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    else:
+        hidden = _shared_prompt_hidden(model, mb)
     index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
     picked = torch.gather(hidden, 1, index)
     logits = model.get_output_embeddings()(picked).float()
@@ -165,7 +250,8 @@ class PolicyWorker:
                      completion_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each completion's token log-probs under `model`, one unpadded tensor per row."""
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
+                                     self.h.share_prompt):
             logp, _ = completion_logprobs(model, mb.to(self.device), self.h.temperature)
             for j, i in enumerate(mb.rows):
                 out[i] = logp[j, : len(completion_ids[i])].clone()
@@ -177,7 +263,8 @@ class PolicyWorker:
         """Per-token entropy (nats) of softmax(logits / temperature) at each completion
         token's position, one unpadded tensor per row (`reasonrl eval` / `probe`)."""
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
+                                     self.h.share_prompt):
             _, entropy = completion_logprobs(self.model, mb, temperature, with_entropy=True)
             for j, i in enumerate(mb.rows):
                 out[i] = entropy[j, : len(completion_ids[i])].clone()
@@ -189,7 +276,8 @@ class PolicyWorker:
         if self.ref_model is None:
             raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
         out = torch.zeros(len(prompt_ids))
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id):
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
+                                     self.h.share_prompt):
             mb = mb.to(self.device)
             logp, _ = completion_logprobs(self.model, mb, self.h.temperature)
             ref, _ = completion_logprobs(self.ref_model, mb, self.h.temperature)
@@ -255,7 +343,8 @@ class PolicyWorker:
                             completion_ids: list[list[int]]) -> list[MicroBatch]:
         """The micro-batches this process trains on in one optimizer step: all of them. A
         data-parallel rank (`reasonrl.policy.parallel.RankPolicyWorker`) takes its share."""
-        return make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id)
+        return make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
+                                  self.h.share_prompt)
 
     def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
