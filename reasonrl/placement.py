@@ -79,7 +79,7 @@ def policy_hyper(cfg: Config) -> PolicyHyper:
         clip_ratio_c=a.clip_ratio_c, ratio_level=a.ratio_level, loss_agg=a.loss_agg,
         max_response_length=cfg.rollout.max_new_tokens, beta=a.beta,
         kl_estimator=a.kl_estimator, kl_in=a.kl_in, log_kl=a.log_kl, entropy_coef=a.entropy_coef,
-        temperature=cfg.rollout.temperature, tis_cap=a.tis_cap,
+        temperature=cfg.rollout.temperature, tis_cap=a.tis_cap, share_prompt=o.share_prompt,
     )
 
 
@@ -192,7 +192,11 @@ class WorkerHost:
         out = getattr(self.worker, method)(*args, **kwargs)
         if isinstance(out, types.GeneratorType):
             out = list(out)
-        return out if keep else None
+        if not keep:
+            return None
+        # tensors leave a GPU actor on the CPU: the receiver (the trainer) may have no GPU
+        return torch.utils._pytree.tree_map(
+            lambda x: x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x, out)
 
     def call_into_folder(self, method: str, args: tuple, keep: bool = True):
         """`method(folder, *args)` into a temporary folder here; returns (its result, the
@@ -227,12 +231,12 @@ class RemoteWorker:
     def __init__(self, name: str, actors: list, request: dict[str, float], timeout: float):
         self._name, self._actors, self._request, self._timeout = name, actors, request, timeout
 
-    def _wait(self, refs: list, what: str, timeout: float | None = None) -> list:
+    def _wait(self, refs: list, what: str) -> list:
         import warnings
 
         import ray
 
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._timeout
         try:
             with warnings.catch_warnings():  # tensors from the policy arrive read-only: we only read them
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -282,7 +286,8 @@ class RemotePolicy(RemoteWorker):
         self._wait(refs[1:], "named_weights()")
         ready, _ = ray.wait(refs[:1], timeout=self._timeout, fetch_local=False)
         if not ready:
-            self._wait(refs[:1], "named_weights()", timeout=0)  # raises the timeout error
+            raise PlacementError(f"ray: the {self._name} worker did not finish named_weights() within "
+                                 f"{self._timeout:g} s (placement.call_timeout); it holds {self._request}")
         return RemoteWeights(refs[0])
 
     def save_pretrained(self, path, tokenizer=None) -> None:

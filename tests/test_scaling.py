@@ -249,7 +249,7 @@ def rank_main(rank: int, world: int, init_method: str, queue) -> None:
 
 
 def test_two_gloo_ranks_give_the_gradient_of_one_process():
-    """Each rank trains on every other row of each mini-batch with the normalisers of the
+    """Each rank trains on half of each mini-batch with the normalisers of the
     whole step; FSDP sums the shards' gradients. Tolerance: |diff| <= 1e-4 of each tensor's
     largest entry (float32 round-off; measured ~1e-6), metrics rel 1e-5."""
     import torch.multiprocessing as mp

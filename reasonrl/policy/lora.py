@@ -52,6 +52,7 @@ class AdapterDisabled:
 
     def __init__(self, model):
         self.model = model
+        self.config = model.config  # the KV cache of shared-prompt micro-batches reads it
 
     def _disabled(self, module):
         def run(*args, **kwargs):
@@ -82,17 +83,15 @@ def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     changes (merging in place and back would leave round-off in W)."""
     peft = require_peft()
     base = model.get_base_model()
-    merged: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, module in base.named_modules():
-            if isinstance(module, peft.tuners.lora.LoraLayer) and ADAPTER in module.lora_A:
-                weight = module.get_base_layer().weight
-                delta = module.get_delta_weight(ADAPTER).to(weight.dtype)
-                merged[f"{name}.base_layer.weight"] = weight + delta
-        for name, param in base.named_parameters():
-            if ".lora_" in name:
-                continue
-            yield name.replace(".base_layer.", "."), merged.get(name, param.detach())
+    adapted = {f"{name}.base_layer.weight": module for name, module in base.named_modules()
+               if isinstance(module, peft.tuners.lora.LoraLayer) and ADAPTER in module.lora_A}
+    for name, param in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        if name in adapted:  # one merged copy at a time: the consumer copies it and drops it
+            with torch.no_grad():
+                param = param + adapted[name].get_delta_weight(ADAPTER).to(param.dtype)
+        yield name.replace(".base_layer.", "."), param.detach()
 
 
 def save_merged(model, path: Path, tokenizer=None) -> None:

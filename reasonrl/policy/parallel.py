@@ -5,15 +5,16 @@ Each of N ranks holds a `RankPolicyWorker` whose model is sharded with `fully_sh
 Every rank receives the whole `TrainBatch` (token ids and advantages: a few KiB) and runs
 the same `PolicyWorker.train_step`, so the mini-batch split and the loss normalisers
 (tokens, sequences, the longest completion) are those of the whole optimizer step on every
-rank. Only the micro-batches differ: rank r trains on rows r, r + N, r + 2N, ... of each
-mini-batch. Each rank's loss is its rows' share of the full-batch loss (the normalisers are
+rank. Only the micro-batches differ: rank r trains on the r-th of N contiguous slices of
+each mini-batch. Each rank's loss is its rows' share of the full-batch loss (the normalisers are
 global), so the *sum* over ranks of the gradients is the gradient one process would get on
 the whole batch: FSDP's gradient reduce-scatter is set to sum (divide factor 1) instead of
 its default average. Checked in tests/test_scaling.py (2 gloo ranks vs 1 process).
 
 FSDP gathers and reduces inside every forward and backward, so all ranks must run the same
 number of them: a rank with fewer micro-batches pads with copies whose loss mask is zero
-(they contribute exactly 0 to the loss and gradient). Log-probs without gradients (the old
+(they contribute exactly 0 to the loss and gradient), and ranks use plain micro-batches (one
+forward each; `optim.share_prompt` is not used by them). Log-probs without gradients (the old
 policy and reference for several updates per step, `sequence_kl`, entropies) are computed
 by every rank for the whole batch: the same forwards everywhere, no coordination needed.
 
@@ -48,6 +49,7 @@ class ShardRoot(nn.Module):
     def __init__(self, lm: nn.Module):
         super().__init__()
         self.lm = lm
+        self.config = lm.config
 
     def forward(self, **kwargs):
         return self.lm.get_decoder()(**kwargs)
@@ -98,6 +100,9 @@ class RankPolicyWorker(PolicyWorker):
 
     def __init__(self, model: ShardRoot, pad_id: int, hyper: PolicyHyper, rank: int, world: int,
                  ref_model: ShardRoot | None = None):
+        # Plain micro-batches: one forward each. A shared prompt skips the completion forward
+        # when all completions are one token long, and FSDP needs the same calls on every rank.
+        hyper = dataclasses.replace(hyper, share_prompt=False)
         super().__init__(model, pad_id, hyper, ref_model=ref_model)
         self.rank, self.world = rank, world
         self._my_tokens = 0
@@ -106,17 +111,18 @@ class RankPolicyWorker(PolicyWorker):
 
     def train_micro_batches(self, prompt_ids: list[list[int]],
                             completion_ids: list[list[int]]) -> list[MicroBatch]:
-        """Rows rank, rank + N, ... of this mini-batch, padded with zero-mask micro-batches to
-        the largest count on any rank."""
-        mine = list(range(self.rank, len(prompt_ids), self.world))
+        """This rank's contiguous slice of the mini-batch, padded with zero-mask micro-batches
+        to the largest count on any rank."""
+        mine = torch.arange(len(prompt_ids)).tensor_split(self.world)[self.rank].tolist()
         self._my_tokens = sum(len(completion_ids[i]) for i in mine)
         batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in make_micro_batches(
             [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine], self.h.micro_batch_size,
-            self.pad_id)]
+            self.pad_id, self.h.share_prompt)]
         count = torch.tensor([len(batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         if len(batches) < count.item():
-            idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id)[0]
+            idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id,
+                                      self.h.share_prompt)[0]
             idle = dataclasses.replace(idle, mask=torch.zeros_like(idle.mask))
             batches += [idle] * (int(count.item()) - len(batches))
         return batches
