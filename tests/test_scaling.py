@@ -361,3 +361,16 @@ def test_a_worker_asking_for_a_missing_resource_fails_within_the_timeout(ray_ses
     while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
         time.sleep(0.2)
     assert ray_session.available_resources().get("CPU", 0) == 4
+
+
+def test_lora_in_ray_mode_matches_local_and_checkpoints_through_the_actor(ray_session, tmp_path):
+    """LoRA with the policy in an actor: merged weights go actor to actor (checksum-checked),
+    the adapter and merged folders come back to the trainer's machine; the metrics of 2 steps
+    are those of local mode (rel 1e-6)."""
+    lora = ["model.lora.rank=4", "algo.beta=0.1", "trainer.steps=2"]
+    train(smoke_cfg(tmp_path, "local", *lora))
+    train(smoke_cfg(tmp_path, "ray", *lora, "placement.mode=ray"))
+    assert_metrics_close(metrics(tmp_path / "ray"), metrics(tmp_path / "local"), rel=1e-6)
+    step = tmp_path / "ray" / "checkpoints" / "step_2"
+    assert (step / "adapter" / "adapter_model.safetensors").is_file()
+    assert (step / "huggingface" / "model.safetensors").is_file()
