@@ -265,7 +265,7 @@ class PolicyWorker:
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
         for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
                                      self.h.share_prompt):
-            _, entropy = completion_logprobs(self.model, mb, temperature, with_entropy=True)
+            _, entropy = completion_logprobs(self.model, mb.to(self.device), temperature, with_entropy=True)
             for j, i in enumerate(mb.rows):
                 out[i] = entropy[j, : len(completion_ids[i])].clone()
         return out
