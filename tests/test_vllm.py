@@ -95,8 +95,8 @@ def test_vllm_options_are_checked():
         load_config(None, ["rollout.vllm.kv_cache=2"])
     with pytest.raises(ConfigError, match=r"rollout.vllm.gpu_memory_utilization: must be in \(0, 1\]"):
         load_config(None, ["rollout.vllm.gpu_memory_utilization=1.5"])
-    with pytest.raises(ConfigError, match="rollout.vllm.probe_tol: must be > 0"):
-        load_config(None, ["rollout.vllm.probe_tol=0"])
+    with pytest.raises(ConfigError, match="rollout.vllm.probe_tol: must be >= 0"):
+        load_config(None, ["rollout.vllm.probe_tol=-1"])
 
 
 def test_missing_vllm_names_the_install(monkeypatch):

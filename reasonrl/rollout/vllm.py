@@ -23,7 +23,8 @@ Weight-sync verification (the contract of `reasonrl.rollout`, plus a probe):
   vLLM consumed and then failed to apply.
 - That is what the probe is for: the log-probs of a fixed token sequence
   (`reasonrl.rollout.PROBE_TEXT`), computed by vLLM (`prompt_logprobs`) and by the
-  policy (an fp32 forward), must agree within `rollout.vllm.probe_tol`. Checked when
+  policy (an fp32 forward), must agree within `rollout.vllm.probe_tol` (by default 1e-3
+  for float32 weights, 0.5 for bfloat16). Checked when
   the engine starts (against the model it was built from) and after every
   `rollout.vllm.probe_every`-th push (against the policy), raising `WeightSyncError`.
   In fp32 they agree to 5e-5 or better (README), far below the default tolerance.
@@ -61,6 +62,9 @@ from reasonrl.rollout import (
 )
 
 CPU_KV_CACHE_GIB = 1.0  # default KV cache on CPU: ~23k tokens of SmolLM2-135M (46 KB each)
+# default probe tolerance by dtype: SmolLM2-135M's probe differs by at most 5e-5 in float32
+# and 0.31 in bfloat16 (README); a stale layer moves it by far more
+PROBE_TOL = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # engines not closed: they share vLLM's process groups
 
 
@@ -182,13 +186,14 @@ class VLLMEngine:
         if problem is not None:
             raise ImportError(problem)
         self.options = options
-        self.probe_every, self.probe_tol = options.probe_every, options.probe_tol
         self.threads = options.threads or threads or torch.get_num_threads()
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]))
         self.dtype = next(model.parameters()).dtype
+        self.probe_every = options.probe_every
+        self.probe_tol = options.probe_tol or PROBE_TOL.get(self.dtype, 0.5)
         self.llm = None
         t = time.perf_counter()
         # vLLM reads the folder only while starting (later weights arrive by `load_weights`)
