@@ -374,9 +374,15 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
     that task), or None for the config's own held-out set."""
     seed = cfg.trainer.seed
     if data is None:
-        examples = load_examples(cfg.data, seed)[1]
-        if not examples:
-            raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
+        if cfg.data.task in ("file", "jsonl"):  # only the held-out files: the training set may be absent
+            if not cfg.data.val_path:
+                raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
+            examples = load_files(cfg.data.val_path, cfg.data.fields)
+            examples = take_per_source(examples, cfg.data.val_size) if cfg.data.val_size else examples
+        else:
+            examples = load_examples(cfg.data, seed)[1]
+            if not examples:
+                raise DataError(f"data.task={cfg.data.task} has no held-out set: pass --data FILE")
         what = f"held-out set of data.task={cfg.data.task}"
         what += f" ({cfg.data.val_path})" if cfg.data.val_path else ""
     elif data in BUILTIN_TASKS:

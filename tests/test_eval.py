@@ -242,10 +242,15 @@ def test_eval_sampled_writes_consistent_metrics_and_compares(tmp_path, capsys):
 
 def test_probe_end_to_end_gives_a_verdict(tmp_path, capsys):
     out = tmp_path / "probe.json"
-    assert main(["probe", *SMOKE, "--limit", "4", "--entropy-range", "0.1,20", "--output", str(out)]) == 0
+    # a file task's held-out set is read without its training files
+    data = ["data.task=file", "data.train_path=no/such/train.jsonl",
+            "data.val_path=tests/fixtures/tiny_math.jsonl"]
+    assert main(["probe", *SMOKE, *data, "--limit", "4", "--entropy-range", "0.1,20",
+                 "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["settings"]["n"] == 4  # rollout.n of configs/smoke.yaml
+    assert report["settings"]["data"].endswith("(tests/fixtures/tiny_math.jsonl)")
     assert report["overall"]["num_prompts"] == 4 and report["overall"]["accuracy"] == 0.0  # random model
     assert report["overall"]["all_wrong_frac"] == 1.0
     assert report["verdict"]["status"] == "too_hard" and "verdict: too_hard: SFT first" in printed
