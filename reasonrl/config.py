@@ -229,6 +229,9 @@ class PolicyPlacement(WorkerPlacement):
 class PlacementConfig:
     # local: workers in this process; ray: each worker is a Ray actor (docs/scaling.md)
     mode: Literal["local", "ray"] = "local"
+    # local mode: where the policy and the colocated rollout engine live. auto = cuda when
+    # torch sees a GPU, else cpu; or cpu, cuda, cuda:N (ray mode: placement.<worker>.num_gpus)
+    device: str = "auto"
     # ray: "" = start a Ray instance for this run; "auto" = the cluster of `ray start --head`
     # on this machine; or host:port / ray://host:10001
     address: str = ""
@@ -400,6 +403,37 @@ def _read_yaml(path: Path, depth: int = 0) -> dict:
     return tree
 
 
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device(name: str) -> None:
+    """`placement.device` names a device this machine has (ConfigError otherwise)."""
+    if not DEVICE.match(name):
+        raise ConfigError(f"placement.device: {name!r} is not allowed; allowed values: auto, cpu, "
+                          "cuda, cuda:N")
+    if not name.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"placement.device: {name} requested but torch.cuda.is_available() is False "
+                          "(use auto or cpu)")
+    index = int(name.partition(":")[2] or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"placement.device: {name} requested but torch sees {count} GPU(s) "
+                          f"(cuda:0 to cuda:{count - 1})")
+
+
+def resolve_device(name: str) -> str:
+    """The torch device of `placement.device`: auto = cuda when torch sees a GPU, else cpu."""
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def validate(cfg: Config) -> None:
     """Checks that need more than one key or a range; each error names its key."""
     from reasonrl.rewards import REWARD_COMPONENTS
@@ -515,6 +549,10 @@ def validate(cfg: Config) -> None:
         need(pl.mode == "ray" or getattr(pl.policy, section) == getattr(WorkerPlacement(), section)
              and getattr(pl.rollout, section) == getattr(WorkerPlacement(), section),
              f"placement.policy/rollout.{section}: only used with placement.mode=ray")
+    check_device(pl.device)
+    need(pl.mode == "local" or pl.device == "auto",
+         f"placement.device: {pl.device} is only used with placement.mode=local; in ray mode a worker "
+         "is on a GPU when placement.<worker>.num_gpus > 0")
     need(pl.backend != "nccl" or pl.policy.num_gpus > 0,
          "placement.backend: nccl needs GPUs (placement.policy.num_gpus > 0)")
     import importlib.util

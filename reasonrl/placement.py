@@ -1,9 +1,10 @@
 """Where the workers live. The only module that decides placement, and the only one that
 imports `ray`.
 
-`placement.mode=local`: the policy and rollout workers are plain objects in this process;
-the HF rollout engine shares the policy's model (weight sync is a no-op share), except
-with LoRA, where the engine holds a plain copy and receives the merged weights.
+`placement.mode=local`: the policy and rollout workers are plain objects in this process,
+on `placement.device` (auto = the GPU when torch sees one); the HF rollout engine shares the
+policy's model (weight sync is a no-op share), except with LoRA, where the engine holds a
+plain copy (on the same device) and receives the merged weights.
 
 `placement.mode=ray`: the same plain classes (`PolicyWorker`, `RolloutWorker`) are built
 inside Ray actors with the resources of `placement.policy` / `placement.rollout`
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.config import Config
+from reasonrl.config import Config, resolve_device
 from reasonrl.policy.model import TINY, load_model_and_tokenizer, load_tokenizer
 from reasonrl.policy.worker import PolicyHyper, PolicyWorker
 from reasonrl.rollout import RolloutWorker, make_engine
@@ -112,7 +113,7 @@ def build_workers(cfg: Config) -> Workers:
         return build_ray_workers(cfg)
     if cfg.placement.mode != "local":
         raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
-    model, tokenizer = load_model(cfg)
+    model, tokenizer = load_model(cfg, resolve_device(cfg.placement.device))
     # LoRA wraps the policy's model in place: the engine keeps a plain copy (merged weights)
     engine_model = copy.deepcopy(model) if cfg.model.lora.rank > 0 else model
     policy = make_policy(cfg, model, tokenizer)

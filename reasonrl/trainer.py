@@ -68,6 +68,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def reset_gpu_peak() -> None:
+    """Start a new peak for `gpu_memory_metrics` (nothing when this process uses no GPU)."""
+    if _cuda_in_use():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+def gpu_memory_metrics() -> dict[str, float]:
+    """`mem/` metrics: the peak GPU memory of this process since `reset_gpu_peak`, in GiB,
+    summed over its GPUs (tensors allocated, and what PyTorch's caching allocator reserved).
+    Empty when this process uses no GPU (a CPU run, or ray mode: the workers are elsewhere)."""
+    if not _cuda_in_use():
+        return {}
+    count, gib = torch.cuda.device_count(), float(2 ** 30)
+    return {"mem/gpu_peak_allocated_gib": sum(torch.cuda.max_memory_allocated(i) for i in range(count)) / gib,
+            "mem/gpu_peak_reserved_gib": sum(torch.cuda.max_memory_reserved(i) for i in range(count)) / gib}
+
+
 def make_run_dir(cfg: Config) -> Path:
     name = cfg.trainer.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.trainer.output_dir) / name
@@ -206,6 +228,7 @@ class Trainer:
 
     def step(self) -> tuple[dict[str, float], Rollouts, Scores, torch.Tensor]:
         algo = self.cfg.algo
+        reset_gpu_peak()
         t0 = time.perf_counter()
         # rollout + reward (with dynamic sampling: resample until the batch is informative)
         rollouts, scores, rewards, trainable, metrics, times = self.rollout_and_score()
@@ -241,6 +264,7 @@ class Trainer:
         metrics.update(update)
         metrics.update(kl_metrics)
         metrics.update({f"time/{k}": v for k, v in times.items()})
+        metrics.update(gpu_memory_metrics())
         return metrics, rollouts, scores, advantages
 
     def sync_weights(self) -> None:

@@ -39,10 +39,10 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def metrics(run: Path) -> list[dict]:
-    """metrics.jsonl without wall-clock timings (the only thing allowed to differ)."""
+    """metrics.jsonl without wall-clock timings and GPU memory peaks (allowed to differ)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"}
-            for r in rows]
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
 
 
 def assert_same_run(run: Path, reference: Path) -> None:

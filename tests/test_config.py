@@ -359,3 +359,68 @@ def test_cli_overrides_without_config_file(capsys):
     assert main(["train", "trainer.steps=4", "model.path=tiny", "--print-config"]) == 0
     tree = yaml.safe_load(capsys.readouterr().out)
     assert tree["trainer"]["steps"] == 4 and tree["model"]["path"] == "tiny"
+
+
+# ---- placement.device -------------------------------------------------------------------
+
+
+def test_device_auto_is_the_default_and_resolves_to_cpu_without_a_gpu(monkeypatch):
+    import torch
+
+    from reasonrl.config import resolve_device
+
+    assert load_config().placement.device == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    assert resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+    assert resolve_device("cuda:1") == "cuda:1"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_device_without_a_gpu_is_refused(monkeypatch, device):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    message = f"placement.device: {device} requested but torch.cuda.is_available() is False"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [f"placement.device={device}"])
+
+
+def test_cuda_index_beyond_the_gpus_is_refused(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert load_config(None, ["placement.device=cuda:0"]).placement.device == "cuda:0"
+    message = "placement.device: cuda:1 requested but torch sees 1 GPU"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["placement.device=cuda:1"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["placement.device=gpu"],
+     "placement.device: 'gpu' is not allowed; allowed values: auto, cpu, cuda, cuda:N"),
+    (["placement.device=cuda:x"], "placement.device: 'cuda:x' is not allowed"),
+    (["placement.device=cpu", "placement.mode=ray"],
+     "placement.device: cpu is only used with placement.mode=local"),
+])
+def test_bad_device_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+
+
+def test_local_workers_live_on_the_configured_device(monkeypatch):
+    """placement.device=cpu (and auto on a machine without a GPU): the policy, the engine's
+    model and, with LoRA, the engine's own copy are on the CPU."""
+    import torch
+
+    from reasonrl.placement import build_workers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for overrides in (["model.path=tiny"], ["model.path=tiny", "placement.device=cpu", "model.lora.rank=2"]):
+        workers = build_workers(load_config(None, overrides))
+        for model in (workers.policy.model, workers.rollout.engine.model):
+            assert {p.device.type for p in model.parameters()} == {"cpu"}
+        assert workers.policy.device.type == "cpu"

@@ -45,8 +45,8 @@ def smoke_cfg(out: Path, name: str, *overrides: str):
 
 def metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"}
-            for r in rows]
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
 
 
 def assert_metrics_close(a: list[dict], b: list[dict], rel: float) -> None:
@@ -137,9 +137,9 @@ def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     merged = AutoModelForCausalLM.from_pretrained(step / "huggingface")
     mb = make_micro_batches([[1, 5, 9]], [[20, 21, 2]], 1, 0)[0]
     with torch.no_grad():
-        want, _ = completion_logprobs(policy.model.eval(), mb)
+        want, _ = completion_logprobs(policy.model.eval(), mb.to(policy.device))  # the GPU, if any
         got, _ = completion_logprobs(merged, mb)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # merged = W + scale * B A
+    torch.testing.assert_close(got, want.cpu(), rtol=1e-4, atol=1e-5)  # merged = W + scale * B A
 
     # resume from step 1 (as if stopped before step 2 was saved): the straight run's end
     run2 = tmp_path / "resumed"
@@ -297,6 +297,71 @@ def test_two_gloo_ranks_give_the_gradient_of_one_process():
     assert math.isclose(a, b, rel_tol=1e-12)
 
 
+# ---- CUDA (skipped without a GPU) --------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_one_nccl_rank_gives_the_gradient_of_one_process():
+    """FSDP2 over NCCL (world 1: NCCL refuses two ranks on one GPU, so this is the most one
+    GPU checks): the sharded rank's gradients and metrics equal the plain worker's on the
+    same GPU. The rank's collectives (micro-batch count, metrics) run on GPU tensors."""
+    import torch.distributed as dist
+
+    from reasonrl.policy import parallel
+    from reasonrl.policy.worker import PolicyHyper
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    cuda = torch.device("cuda")
+    parallel.init_process_group("nccl", init_method, 0, 1, 120)
+    try:
+        for name, hyper in CASES.items():
+            sgd_lr = hyper.get("sgd_lr")
+            h = PolicyHyper(**{"lr": 0.0, "max_grad_norm": 0.0,
+                               **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
+            plain, _ = make_worker(0, 1, hyper)
+            plain.model.to(cuda)
+            plain.ref_model.to(cuda)
+            plain.device = cuda
+            model = parallel.shard_model(copy.deepcopy(tiny_model()), cuda)
+            rank = parallel.RankPolicyWorker(model, 0, h, 0, 1, parallel.shard_model(
+                copy.deepcopy(make_worker(0, 1, hyper)[0].ref_model), cuda))
+            if sgd_lr is not None:
+                plain.optimizer = torch.optim.SGD(plain.model.parameters(), lr=sgd_lr)
+                rank.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
+            one_steps, one_metrics = run_case(plain, plain.model, hyper)
+            dp_steps, dp_metrics = run_case(rank, model, hyper)
+            assert len(dp_steps) == len(one_steps)
+            for k, (grads, expected) in enumerate(zip(dp_steps, one_steps, strict=True)):
+                assert grads.keys() == expected.keys()
+                for n, g in grads.items():
+                    scale = expected[n].abs().max().item()
+                    diff = (g - expected[n]).abs().max().item()
+                    assert diff <= 1e-4 * scale + 1e-9, f"{name}, optimizer step {k}: {n} differs by {diff}"
+            for key, value in one_metrics.items():
+                assert dp_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{name}: {key}"
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_local_mode_trains_on_the_gpu(tmp_path, dtype):
+    """placement.device=auto puts the policy and the colocated engine on the GPU; a run
+    trains, logs its peak GPU memory (mem/) and saves a checkpoint."""
+    trainer = Trainer(smoke_cfg(tmp_path, "gpu", f"model.dtype={dtype}", "trainer.steps=2"))
+    assert trainer.policy.device.type == "cuda"
+    assert next(trainer.rollout.engine.model.parameters()).device.type == "cuda"
+    trainer.fit()
+    rows = [json.loads(x) for x in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and math.isfinite(rows[-1]["train/loss"])
+    assert rows[-1]["mem/gpu_peak_allocated_gib"] > 0
+    assert (tmp_path / "gpu" / "checkpoints" / "step_2" / "huggingface").is_dir()
+
+
 # ---- Ray -----------------------------------------------------------------------------------
 
 
@@ -304,8 +369,7 @@ def test_two_gloo_ranks_give_the_gradient_of_one_process():
 def ray_session():
     """One Ray instance for the session: 4 logical CPUs (two policy ranks + the rollout
     worker fit), a small object store; shut down (no process left) at the end."""
-    import ray
-
+    ray = pytest.importorskip("ray")  # the dev extra; a GPU machine without it skips these
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     t = time.perf_counter()
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,

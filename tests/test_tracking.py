@@ -120,3 +120,15 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
     assert b"train/grad_norm" not in records  # NaN is not sent
     (table,) = (offline / "files" / "media" / "table").glob("samples_*.table.json")
     assert json.loads(table.read_text())["data"] == [[1, "What is 2 + 2?", "4", "<b>4</b>", 1.0]]
+
+
+def test_gpu_memory_metrics_only_when_this_process_uses_a_gpu(monkeypatch):
+    """`mem/` metrics are logged by a process whose CUDA is initialised (local mode on a GPU);
+    a CPU run logs none (and touches no CUDA call)."""
+    import torch
+
+    from reasonrl.trainer import gpu_memory_metrics, reset_gpu_peak
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reset_gpu_peak()
+    assert gpu_memory_metrics() == {}

@@ -118,7 +118,7 @@ class RankPolicyWorker(PolicyWorker):
         batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in make_micro_batches(
             [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine], self.h.micro_batch_size,
             self.pad_id, self.h.share_prompt)]
-        count = torch.tensor([len(batches)])
+        count = torch.tensor([len(batches)], device=self.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         if len(batches) < count.item():
             idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id,
@@ -141,7 +141,7 @@ class RankPolicyWorker(PolicyWorker):
         reduce_ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
         for op, names in ops.items():
             if names:
-                values = torch.tensor([out[k] for k in names], dtype=torch.float64)
+                values = torch.tensor([out[k] for k in names], dtype=torch.float64, device=self.device)
                 dist.all_reduce(values, op=reduce_ops[op])
                 out.update(zip(names, values.tolist(), strict=True))
         for k in ("ratio_max", "ratio_min"):
