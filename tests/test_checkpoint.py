@@ -109,8 +109,8 @@ def test_changed_config_is_refused_unless_allowed(tmp_path, reference):
 
 def test_non_finite_steps_abort_after_max_bad_steps(tmp_path):
     trainer = Trainer(smoke_cfg(tmp_path, "r", "trainer.max_bad_steps=2"))
-    # NaN logits whenever the policy trains (generation runs in eval mode and stays finite)
-    trainer.policy.model.get_output_embeddings().register_forward_hook(
+    # NaN hidden states (so logits) whenever the policy trains (generation runs in eval mode and stays finite)
+    trainer.policy.model.get_decoder().norm.register_forward_hook(
         lambda module, args, out: out * float("nan") if module.training else None)
     with pytest.raises(TrainingAborted, match="2 steps in a row"):
         trainer.fit()

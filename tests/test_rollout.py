@@ -16,7 +16,7 @@ from reasonrl.rollout import (
     make_engine,
     weights_checksum,
 )
-from reasonrl.rollout.hf import HFEngine
+from reasonrl.rollout.hf import HFEngine, filter_logits, sample_tokens, transposed_linear_weights
 
 MAX_NEW = 12
 EXAMPLES = [
@@ -41,6 +41,26 @@ def eos_biased(model, bias: float):
         logits[..., eos] += bias
         return logits
 
+    model.lm_head.register_forward_hook(hook)
+    return model
+
+
+def eos_after_token_multiple(model, k: int):
+    """A copy of `model` that answers EOS right after any token id divisible by `k`: an
+    end that depends on each row's own text only, not on its place in the batch (greedy
+    decoding of the random model stays far from EOS otherwise)."""
+    model = copy.deepcopy(model)
+    eos, last = model.generation_config.eos_token_id, {}
+
+    def remember_input(module, args, kwargs):
+        last["ids"] = kwargs["input_ids"][:, -1]
+
+    def hook(module, inputs, logits):
+        logits = logits.clone()
+        logits[last["ids"] % k == 0, -1, eos] += 100.0
+        return logits
+
+    model.register_forward_pre_hook(remember_input, with_kwargs=True)
     model.lm_head.register_forward_hook(hook)
     return model
 
@@ -166,6 +186,96 @@ def test_top_k_one_equals_greedy(tiny):
     torch.manual_seed(0)
     top1 = worker.rollout(EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=8, top_k=1))
     assert top1.completion_ids == greedy.completion_ids
+
+
+# ------------------------------------------------------------------- the decode loop
+
+
+def test_greedy_decode_equals_transformers_generate(tiny):
+    """The lean loop (shared prefill, finished rows leaving the batch, transposed weights)
+    decodes exactly what `model.generate` decodes, padding and early EOS included."""
+    model, tokenizer = tiny
+    model = eos_after_token_multiple(model, 11)  # rows end at different steps, two run to the limit
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"]
+               for t in ("hi", "a longer prompt with more tokens in it", "two words", "x y z")]
+    gen = HFEngine(model, tokenizer).generate(prompts, SamplingParams(n=1, max_new_tokens=24, greedy=True))
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    eos = tokenizer.eos_token_id
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                             eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    expected = []
+    for row in out[:, width:].tolist():
+        expected.append(row[: row.index(eos) + 1] if eos in row else row)
+    assert gen.completion_ids == expected
+    assert gen.truncated == [eos not in row for row in expected]
+    assert [len(c) for c in gen.completion_ids] == [24, 22, 24, 1]
+
+
+def test_filter_logits_matches_transformers_warpers():
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.9),
+                                      (0.8, 10, 0.5), (1.3, 1, 0.95), (1.0, 0, 0.01)]:
+        expected = logits.clone()
+        if temperature != 1.0:
+            expected = TemperatureLogitsWarper(temperature)(None, expected)
+        if top_k:
+            expected = TopKLogitsWarper(top_k)(None, expected)
+        if top_p < 1.0:
+            expected = TopPLogitsWarper(top_p)(None, expected)
+        got = filter_logits(logits, temperature, top_k, top_p)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_filter_logits_hand_computed_nucleus():
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    # top-p 0.5: 0.4 alone is short of 0.5, 0.4 + 0.3 reaches it -> tokens 3 and 2 stay
+    kept = torch.isfinite(filter_logits(probs.log(), top_p=0.5))
+    assert kept.tolist() == [[False, False, True, True]]
+    # top-k 1 keeps the argmax; top-p tiny still keeps one token
+    assert torch.isfinite(filter_logits(probs.log(), top_k=1)).tolist() == [[False, False, False, True]]
+    assert torch.isfinite(filter_logits(probs.log(), top_p=1e-6)).tolist() == [[False, False, False, True]]
+
+
+def test_sample_tokens_inverts_the_cdf():
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(6, 4)
+    # cumulative probabilities 0.1, 0.3, 0.6, 1.0: u picks the first bin whose edge exceeds it
+    u = torch.tensor([0.0, 0.05, 0.15, 0.45, 0.61, 0.999999])
+    assert sample_tokens(logits, u).tolist() == [0, 0, 1, 2, 3, 3]
+    # filtered tokens (-inf) are never drawn, whatever u
+    masked = filter_logits(logits[:3], top_p=0.5)
+    assert set(sample_tokens(masked, torch.tensor([0.0, 0.5, 0.999999])).tolist()) <= {2, 3}
+
+
+def test_sample_tokens_distribution():
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    g = torch.Generator().manual_seed(0)
+    draws = sample_tokens(probs.log().expand(40000, 4), torch.rand(40000, generator=g))
+    freq = torch.bincount(draws, minlength=4).float() / draws.numel()
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)  # binomial sd <= 0.0025
+
+
+def test_transposed_weights_same_outputs_and_restored(tiny):
+    model, tokenizer = tiny
+    before = {n: p for n, p in model.named_parameters()}
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        reference = model(input_ids=ids).logits
+        with transposed_linear_weights(model):
+            assert not model.model.layers[0].mlp.up_proj.weight.is_contiguous()
+            assert model.lm_head.weight is not before["model.embed_tokens.weight"]
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+    assert {n: p for n, p in model.named_parameters()} == before  # the very same objects
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tying restored
 
 
 # ------------------------------------------------------------------------- load_weights

@@ -20,6 +20,7 @@ import torch
 from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
 from reasonrl.batch import TrainBatch
 from reasonrl.policy import lora
+from reasonrl.policy.head import fusable, head_logprobs
 
 
 @dataclass
@@ -206,7 +207,12 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_en
         hidden = _shared_prompt_hidden(model, mb)
     index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
     picked = torch.gather(hidden, 1, index)
-    logits = model.get_output_embeddings()(picked).float()
+    lm_head = model.get_output_embeddings()
+    if fusable(lm_head):  # chunked: never the whole [M, T, vocab] (reasonrl.policy.head)
+        token_logp, entropy = head_logprobs(picked, lm_head.weight, mb.targets, temperature,
+                                            with_entropy, entropy_grad and torch.is_grad_enabled())
+        return token_logp, entropy if with_entropy else None
+    logits = lm_head(picked).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -227,6 +233,18 @@ def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def fused_adam_ok(params: list[torch.Tensor]) -> bool:
+    """torch's fused AdamW kernel applies to plain float tensors on CPU or CUDA. On this
+    project's CPU it steps SmolLM2-135M in 0.22 s instead of 1.1 s and makes no temporary
+    copies of the state (peak -0.5 GB): the default `foreach` path allocates whole lists of
+    intermediates (docs/performance.md). FSDP2's DTensor shards keep the default."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(params) and all(
+        type(p) is torch.nn.Parameter and not isinstance(p.data, DTensor) and p.device.type in ("cpu", "cuda")
+        and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in params)
+
+
 class PolicyWorker:
     def __init__(self, model, pad_id: int, hyper: PolicyHyper, ref_model=None):
         self.model, self.pad_id, self.h = model, pad_id, hyper
@@ -235,9 +253,10 @@ class PolicyWorker:
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
         if ref_model is None and (hyper.beta > 0 or hyper.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
+        trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=hyper.lr,
-            betas=tuple(hyper.betas), eps=hyper.eps, weight_decay=hyper.weight_decay)
+            trainable, lr=hyper.lr, betas=tuple(hyper.betas), eps=hyper.eps,
+            weight_decay=hyper.weight_decay, fused=fused_adam_ok(trainable) or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_multiplier(s, hyper.total_steps, hyper.schedule,
                                                     hyper.warmup_ratio, hyper.min_lr_ratio))
@@ -418,10 +437,9 @@ class PolicyWorker:
         max_norm = h.max_grad_norm if h.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
         skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
-        if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
+        if not skipped:
             self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
         if engine_logp is not None:
             sums["logprob_diff_max"] = diff_max
         return {**sums, "ratio_max": ratio_max if ratio_max > -math.inf else 1.0,
