@@ -1,5 +1,6 @@
 # `make train`: bootstrap .venv (first time only) and train the default model.
 # `make test`:  bootstrap .venv and run the test suite.
+# `make bench`: reasonrl vs TRL, same work, one run (docs/performance.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv vllm train smoke test lint clean
+.PHONY: venv vllm train smoke test bench lint clean
 
 venv: $(STAMP)
 
@@ -46,6 +47,13 @@ smoke: venv
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# reasonrl vs TRL's GRPOTrainer on the same work (docs/performance.md): the first run installs
+# TRL into bench/.venv-trl (its own transformers), then all setups alternate in one run.
+bench: venv
+	test -x bench/.venv-trl/bin/python || $(BIN)/python bench/vs_trl.py --setup
+	$(BIN)/python bench/roofline.py
+	$(BIN)/python bench/vs_trl.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -2,7 +2,8 @@
 
 Measures, and prints:
 1. the machine's matmul throughput (GFLOP/s) in fp32 and bf16, on square matrices and on the
-   shapes of a SmolLM2-135M training step, and its memory bandwidth (GB/s, a large copy);
+   shapes of a SmolLM2-135M training step; `F.linear` at decode's small batch with the weight
+   as stored by nn.Linear and stored transposed; the memory bandwidth (GB/s, a large copy);
 2. the training update's achieved FLOP/s: one `PolicyWorker.train_step` on B sequences of
    P prompt + T completion tokens, FLOPs counted as 6 x (non-embedding parameters) per token
    (forward 2, backward 4; Kaplan et al. 2020, sec. 2.1) + the attention score terms, plus the
@@ -94,6 +95,15 @@ def main() -> None:
         bf16 = matmul_gflops(m, k, n, torch.bfloat16)
         peak = max(peak, fp32)
         print(f"  {name:34s} fp32 {fp32:7.1f}   bf16 {bf16:7.1f}")
+    print("  weight layout at decode's batch of 32 (why the HF engine decodes with transposed weights):")
+    for name, k, n in [("mlp up   576 -> 1536", 576, 1536), ("mlp down 1536 -> 576", 1536, 576),
+                       ("lm head  576 -> 49152", 576, 49152)]:
+        x, w = torch.randn(32, k), torch.randn(n, k)
+        w_t = w.t().contiguous().t()  # same values, column-major storage
+        flops = 2 * 32 * k * n / 1e9
+        plain = flops / best_time(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+        transposed = flops / best_time(lambda x=x, w_t=w_t: torch.nn.functional.linear(x, w_t))
+        print(f"    {name:24s} F.linear(x, W) {plain:6.1f}   with W stored transposed {transposed:6.1f}")
     bw = bandwidth_gbs()
     print(f"  memory bandwidth (512 MiB copy): {bw:.1f} GB/s")
 

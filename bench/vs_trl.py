@@ -21,8 +21,10 @@ RSS, the load average during each run, and the ratios reasonrl / TRL.
 - `TRL defaults`: GRPOConfig's defaults for everything not listed above; notably
   gradient checkpointing on (TRL's GRPO default).
 - `TRL matched`: as above with gradient checkpointing off, which is what reasonrl does.
-- reasonrl: `configs/default.yaml`'s settings with the work above; `--engine vllm` uses the
-  vLLM rollout engine when it is installed.
+- reasonrl: `configs/default.yaml`'s settings with the work above and its default (HF)
+  rollout engine; `--engine vllm` makes that setup use vLLM instead.
+- reasonrl-vllm: the same with `rollout.engine=vllm`; run by default when vLLM is installed
+  (`make vllm`), its start-up counted in the process time, not in the step times.
 
 This module imports only the standard library at top level: the TRL side runs it with
 TRL's interpreter, the reasonrl side with ours, and reasonrl imports `score` from it.
@@ -230,8 +232,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three setups")
     parser.add_argument("--engine", default="hf", help="reasonrl's rollout engine (hf or vllm)")
-    parser.add_argument("--only", choices=["reasonrl", "trl-matched", "trl-defaults"], action="append",
-                        help="run only these setups (repeatable)")
+    parser.add_argument("--only", choices=["reasonrl", "reasonrl-vllm", "trl-matched", "trl-defaults"],
+                        action="append", help="run only these setups (repeatable)")
     parser.add_argument("--keep-first", action="store_true",
                         help="count each run's first step (warm-up) in the statistics")
     parser.add_argument("--side", choices=["trl", "trl-matched", "reasonrl"], help=argparse.SUPPRESS)
@@ -252,10 +254,14 @@ def main() -> None:
 
     model_dir = str(default_model_dir())
     trl_python = str(TRL_VENV / "bin" / "python")
-    wanted = args.only or ["reasonrl", "trl-matched", "trl-defaults"]
+    import importlib.util
+
+    vllm = ["reasonrl-vllm"] if args.engine != "vllm" and importlib.util.find_spec("vllm") else []
+    wanted = args.only or ["reasonrl", *vllm, "trl-matched", "trl-defaults"]
     if any(w.startswith("trl") for w in wanted) and not Path(trl_python).exists():
         raise SystemExit(f"[bench] no TRL environment: run `python {Path(__file__).name} --setup` first")
     setups = {"reasonrl": (sys.executable, ["--side", "reasonrl", "--engine", args.engine]),
+              "reasonrl-vllm": (sys.executable, ["--side", "reasonrl", "--engine", "vllm"]),
               "trl-matched": (trl_python, ["--side", "trl-matched"]),
               "trl-defaults": (trl_python, ["--side", "trl"])}
     results: dict[str, list[dict]] = {w: [] for w in wanted}
@@ -285,14 +291,13 @@ def main() -> None:
               f"{s['rollout']:8.1f} {s['reward']:7.2f} {s['update']:7.1f} {s['tokens']:7.0f} "
               f"{s['load']:5.2f} {s['rss']:8.2f}")
     by = {s["name"]: s for s in rows}
-    if "reasonrl" in by:
+    for ours in ("reasonrl", "reasonrl-vllm"):
         for other in ("trl-matched", "trl-defaults"):
-            if other in by:
-                o = by[other]
-                print(f"reasonrl / {other}: step time {by['reasonrl']['median'] / o['median']:.2f}x, "
-                      f"rollout {by['reasonrl']['rollout'] / o['rollout']:.2f}x, update "
-                      f"{by['reasonrl']['update'] / o['update']:.2f}x, peak RSS "
-                      f"{by['reasonrl']['rss'] / o['rss']:.2f}x")
+            if ours in by and other in by:
+                a, o = by[ours], by[other]
+                print(f"{ours} / {other}: step time {a['median'] / o['median']:.2f}x, "
+                      f"rollout {a['rollout'] / o['rollout']:.2f}x, update "
+                      f"{a['update'] / o['update']:.2f}x, peak RSS {a['rss'] / o['rss']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,13 @@ from reasonrl.rollout import (
     make_engine,
     weights_checksum,
 )
-from reasonrl.rollout.hf import HFEngine, filter_logits, sample_tokens, transposed_linear_weights
+from reasonrl.rollout.hf import (
+    HFEngine,
+    _growing_cache,
+    filter_logits,
+    sample_tokens,
+    transposed_linear_weights,
+)
 
 MAX_NEW = 12
 EXAMPLES = [
@@ -212,6 +218,27 @@ def test_greedy_decode_equals_transformers_generate(tiny):
     assert gen.completion_ids == expected
     assert gen.truncated == [eos not in row for row in expected]
     assert [len(c) for c in gen.completion_ids] == [24, 22, 24, 1]
+
+
+def test_growing_cache_holds_what_concatenation_holds(tiny):
+    model, _ = tiny
+    cache = _growing_cache(model.config, reserve=2)
+    g = torch.Generator().manual_seed(0)
+    expected_k = torch.zeros(3, 1, 0, 4)
+    expected_v = torch.zeros(3, 1, 0, 4)
+    for step, new in enumerate([5, 1, 1, 1, 3]):  # the room of 2 overflows twice
+        rows = expected_k.size(0)
+        k, v = torch.randn(rows, 1, new, 4, generator=g), torch.randn(rows, 1, new, 4, generator=g)
+        keys, values = cache.layers[0].update(k, v)
+        expected_k, expected_v = torch.cat([expected_k, k], 2), torch.cat([expected_v, v], 2)
+        assert torch.equal(keys, expected_k) and torch.equal(values, expected_v)
+        if step == 1:
+            cache.layers[0].batch_repeat_interleave(2)
+            expected_k, expected_v = expected_k.repeat_interleave(2, 0), expected_v.repeat_interleave(2, 0)
+        if step == 3:
+            cache.layers[0].batch_select_indices(torch.tensor([0, 4, 5]))
+            expected_k, expected_v = expected_k[[0, 4, 5]], expected_v[[0, 4, 5]]
+    assert cache.layers[0].get_seq_length() == 11
 
 
 def test_filter_logits_matches_transformers_warpers():
