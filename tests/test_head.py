@@ -50,8 +50,7 @@ def test_values_and_gradients_match_the_plain_path(monkeypatch, temperature, ent
         if fn == "fused":
             logp, ent = head_logprobs(h, w, targets, temperature, True, entropy_grad=entropy_coef != 0)
         else:
-            logp, ent = plain(h.to(torch.float64), w, targets, temperature)
-            logp, ent = logp.double(), ent.double()
+            logp, ent = plain(h, w, targets, temperature)
         loss = (upstream * logp).sum() + (entropy_coef * ent.sum() if entropy_coef else 0.0)
         loss.backward()
         grads.append((logp.detach(), ent.detach(), h.grad, w.grad))

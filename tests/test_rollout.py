@@ -18,8 +18,8 @@ from reasonrl.rollout import (
 )
 from reasonrl.rollout.hf import (
     HFEngine,
-    _growing_cache,
     filter_logits,
+    growing_cache,
     sample_tokens,
     transposed_linear_weights,
 )
@@ -222,7 +222,7 @@ def test_greedy_decode_equals_transformers_generate(tiny):
 
 def test_growing_cache_holds_what_concatenation_holds(tiny):
     model, _ = tiny
-    cache = _growing_cache(model.config, reserve=2)
+    cache = growing_cache(model.config, reserve=2)
     g = torch.Generator().manual_seed(0)
     expected_k = torch.zeros(3, 1, 0, 4)
     expected_v = torch.zeros(3, 1, 0, 4)

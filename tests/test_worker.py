@@ -353,6 +353,27 @@ def test_update_moves_weights_and_zero_advantage_does_not(base_model):
     m = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
     assert m["train/grad_norm"] > 0 and m["train/skipped_update"] == 0.0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+    # torch's fused AdamW kernel on plain CPU tensors; the gradients are freed after the step
+    assert worker.optimizer.defaults["fused"] is True
+    assert all(p.grad is None for p in worker.model.parameters())
+
+
+def test_fused_adam_equals_the_default_adam(base_model):
+    """The fused kernel is an implementation of the same AdamW update (to float rounding)."""
+    models = []
+    for fused in (True, False):
+        worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-3))
+        if not fused:  # the same optimizer with torch's default (foreach) implementation
+            group = worker.optimizer.param_groups[0]
+            worker.optimizer = torch.optim.AdamW(group["params"], lr=group["lr"], betas=group["betas"],
+                                                 eps=group["eps"], weight_decay=group["weight_decay"])
+        for _ in range(2):
+            worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+        models.append(dict(worker.model.named_parameters()))
+    moved = max((models[0][n] - p).abs().max().item() for n, p in base_model.named_parameters())
+    assert moved > 1e-4  # the updates did change the weights
+    for name, param in models[0].items():
+        torch.testing.assert_close(param, models[1][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_higher_advantage_completion_becomes_more_likely(base_model):

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from reasonrl.rollout import Generation, SamplingParams, weights_checksum
 
@@ -86,45 +88,48 @@ def transposed_linear_weights(model: nn.Module) -> Iterator[None]:
             module.weight = w
 
 
-def _growing_cache(config, reserve: int):
-    """A DynamicCache whose layers append into preallocated room for `reserve` more tokens:
+class GrowingLayer(DynamicLayer):
+    """A KV-cache layer that appends into preallocated room for `reserve` more tokens:
     transformers' DynamicLayer concatenates the whole cache at every step (a copy of all
-    keys and values per token: ~20% of a CPU decode step at 32 x 250 tokens)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    keys and values per token: ~20% of a CPU decode step at 32 x 250 tokens). `keys` and
+    `values` are views of the room's filled part."""
 
-    class GrowingLayer(DynamicLayer):
-        def lazy_initialization(self, key_states, value_states) -> None:
-            super().lazy_initialization(key_states, value_states)
-            self.room = None  # (key buffer, value buffer) with spare length, or None
+    room: tuple[torch.Tensor, torch.Tensor] | None = None  # key and value buffers with spare length
 
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            length, new = self.get_seq_length(), key_states.shape[-2]
-            if self.room is None or length + new > self.room[0].shape[-2]:
-                shape = (*key_states.shape[:-2], length + new + reserve, key_states.shape[-1])
-                room = (key_states.new_empty(shape), value_states.new_empty(shape))
-                if length:
-                    room[0][..., :length, :] = self.keys
-                    room[1][..., :length, :] = self.values
-                self.room = room
-            self.room[0][..., length: length + new, :] = key_states
-            self.room[1][..., length: length + new, :] = value_states
-            self.keys = self.room[0][..., : length + new, :]
-            self.values = self.room[1][..., : length + new, :]
-            return self.keys, self.values
+    def __init__(self, reserve: int):
+        super().__init__()
+        self.reserve = reserve
 
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            super().batch_repeat_interleave(repeats)
-            self.room = None  # the next update moves the compact result into a new room
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, new = self.get_seq_length(), key_states.shape[-2]
+        if self.room is None or length + new > self.room[0].shape[-2]:
+            shape = (*key_states.shape[:-2], length + new + self.reserve, key_states.shape[-1])
+            room = (key_states.new_empty(shape), value_states.new_empty(shape))
+            if length:
+                room[0][..., :length, :] = self.keys
+                room[1][..., :length, :] = self.values
+            self.room = room
+        self.room[0][..., length: length + new, :] = key_states
+        self.room[1][..., length: length + new, :] = value_states
+        self.keys = self.room[0][..., : length + new, :]
+        self.values = self.room[1][..., : length + new, :]
+        return self.keys, self.values
 
-        def batch_select_indices(self, indices) -> None:
-            super().batch_select_indices(indices)
-            self.room = None
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.room = None  # the next update moves the compact result into a new room
 
+    def batch_select_indices(self, indices) -> None:
+        super().batch_select_indices(indices)
+        self.room = None
+
+
+def growing_cache(config, reserve: int) -> DynamicCache:
+    """The model's DynamicCache with `GrowingLayer`s in place of its plain DynamicLayers."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer(reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
@@ -169,7 +174,7 @@ class HFEngine:
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = _growing_cache(self.model.config, params.max_new_tokens)
+        cache = growing_cache(self.model.config, params.max_new_tokens)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
@@ -182,7 +187,8 @@ class HFEngine:
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         active = torch.arange(n_rows, device=device)  # rows still decoding, by original index
         tokens = torch.full((n_rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
-        lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
+        # a row's length is set when it ends with EOS; rows that never do end at the limit
+        lengths = torch.full((n_rows,), params.max_new_tokens, dtype=torch.long, device=device)
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
         for t in range(params.max_new_tokens):
             if params.greedy:
@@ -191,10 +197,11 @@ class HFEngine:
                 filtered = filter_logits(logits, params.temperature, params.top_k, params.top_p)
                 nxt = sample_tokens(filtered, torch.rand(active.numel(), device=device))
             tokens[active, t] = nxt
-            lengths[active] = t + 1
             done = torch.isin(nxt, eos)
             if bool(done.any()):
-                finished[active[done]] = True
+                ended = active[done]
+                finished[ended] = True
+                lengths[ended] = t + 1
                 keep = (~done).nonzero().squeeze(1)
                 if keep.numel() == 0:
                     break
