@@ -81,6 +81,7 @@ def policy_hyper(cfg: Config) -> PolicyHyper:
         max_response_length=cfg.rollout.max_new_tokens, beta=a.beta,
         kl_estimator=a.kl_estimator, kl_in=a.kl_in, log_kl=a.log_kl, entropy_coef=a.entropy_coef,
         temperature=cfg.rollout.temperature, tis_cap=a.tis_cap, share_prompt=o.share_prompt,
+        lean_kernels=o.lean_kernels,
     )
 
 

@@ -21,6 +21,7 @@ from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated
 from reasonrl.batch import TrainBatch
 from reasonrl.policy import lora
 from reasonrl.policy.head import fusable, head_logprobs
+from reasonrl.policy.kernels import apply_lean_kernels
 
 
 @dataclass
@@ -53,6 +54,7 @@ class PolicyHyper:
     temperature: float = 1.0  # log-probs are those of the sampling distribution
     tis_cap: float = 0.0  # truncated importance sampling against the engine's log-probs; 0 = off
     share_prompt: bool = True  # compute a prompt once per micro-batch for all its rows (a group)
+    lean_kernels: bool = True  # reasonrl.policy.kernels: same gradient, less activation memory
 
 
 def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
@@ -248,6 +250,7 @@ def fused_adam_ok(params: list[torch.Tensor]) -> bool:
 class PolicyWorker:
     def __init__(self, model, pad_id: int, hyper: PolicyHyper, ref_model=None):
         self.model, self.pad_id, self.h = model, pad_id, hyper
+        self.kernels = apply_lean_kernels(model) if hyper.lean_kernels else []
         self.model.train()
         self.device = next(model.parameters()).device  # micro-batches go where the weights are
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)

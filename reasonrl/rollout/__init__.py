@@ -192,7 +192,7 @@ def make_engine(name: str, model, tokenizer, options=None, threads: int = 0) -> 
     if name == "hf":
         from reasonrl.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, lean=options is None or options.hf_lean)
     if name == "vllm":
         from reasonrl.rollout.vllm import VLLMEngine
 

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from reasonrl.rollout import Generation, SamplingParams, weights_checksum
+from reasonrl.rollout.llama import LeanLlama, unsupported_reason
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -133,23 +134,76 @@ def growing_cache(config, reserve: int) -> DynamicCache:
     return cache
 
 
+class ModulesDecoder:
+    """Decoding through the transformers modules (any causal LM), with the same interface as
+    `reasonrl.rollout.llama.LeanLlama`: `prefill`, `repeat`, `select`, `step`."""
+
+    def __init__(self, model, max_new_tokens: int):
+        self.model = model
+        self.cache = growing_cache(model.config, max_new_tokens)
+        self.mask: torch.Tensor | None = None  # [B, columns]: 1 = a real token
+        self.positions: torch.Tensor | None = None  # [B, 1] the next token's position
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.mask, self.positions = mask, mask.sum(1, keepdim=True)
+        return out.logits[:, -1]
+
+    def repeat(self, n: int) -> None:
+        self.cache.batch_repeat_interleave(n)
+        self.mask = self.mask.repeat_interleave(n, 0)
+        self.positions = self.positions.repeat_interleave(n, 0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.positions = self.mask[rows], self.positions[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.size(0), 1)], dim=1)
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.mask, position_ids=self.positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.positions = self.positions + 1
+        return out.logits[:, -1]
+
+
 class HFEngine:
-    def __init__(self, model, tokenizer):
+    """`lean`: decode Llama-family models with `reasonrl.rollout.llama.LeanLlama` (same
+    mathematics, fewer and larger operations); other models, or `lean=False`, run the
+    transformers modules (`ModulesDecoder`)."""
+
+    def __init__(self, model, tokenizer, lean: bool = True):
         self.model, self.tokenizer = model, tokenizer
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.want_lean = lean
+
+    @property
+    def lean_off_reason(self) -> str | None:
+        """Why this call decodes through the transformers modules (None: it uses LeanLlama);
+        checked per call, since hooks or adapters may come after the engine."""
+        return unsupported_reason(self.model) if self.want_lean else "rollout.hf_lean=false"
+
+    @property
+    def lean(self) -> bool:
+        return self.lean_off_reason is None
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation:
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
-        layout = transposed_linear_weights(self.model) if device.type == "cpu" else contextlib.nullcontext()
+        lean = self.lean
+        # the lean decoder makes its own weight copies; the modules path decodes with
+        # transposed copies swapped in on CPU (see the module docstring)
+        cpu_modules = not lean and device.type == "cpu"
+        layout = transposed_linear_weights(self.model) if cpu_modules else contextlib.nullcontext()
         try:
             with layout:
-                rows = self._decode(prompt_ids, params, device)
+                rows = self._decode(prompt_ids, params, device, lean)
         finally:
             self.model.train(was_training)
         # greedy samples of a prompt are all the same: each prompt was decoded once
@@ -161,8 +215,8 @@ class HFEngine:
         return Generation(completion_ids=completions, truncated=truncated)
 
     @torch.inference_mode()
-    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams,
-                device: torch.device) -> list[tuple[list[int], bool]]:
+    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams, device: torch.device,
+                lean: bool) -> list[tuple[list[int], bool]]:
         """(completion ids up to and including EOS, ended with EOS) per row, prompt-major."""
         samples = 1 if params.greedy else params.n
         width = max(len(p) for p in prompt_ids)
@@ -173,17 +227,15 @@ class HFEngine:
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = growing_cache(self.model.config, params.max_new_tokens)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1]
+        if lean:
+            decoder = LeanLlama(self.model, width + params.max_new_tokens)
+        else:
+            decoder = ModulesDecoder(self.model, params.max_new_tokens)
+        logits = decoder.prefill(ids, mask)
         if samples > 1:  # every sample of a prompt continues from the prompt's one prefill
-            cache.batch_repeat_interleave(samples)
-            mask = mask.repeat_interleave(samples, 0)
+            decoder.repeat(samples)
             logits = logits.repeat_interleave(samples, 0)
-        n_rows = mask.size(0)
-        next_pos = mask.sum(1, keepdim=True)
+        n_rows = logits.size(0)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         active = torch.arange(n_rows, device=device)  # rows still decoding, by original index
         tokens = torch.full((n_rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
@@ -205,15 +257,11 @@ class HFEngine:
                 keep = (~done).nonzero().squeeze(1)
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
-                active, nxt, mask, next_pos = active[keep], nxt[keep], mask[keep], next_pos[keep]
+                decoder.select(keep)
+                active, nxt = active[keep], nxt[keep]
             if t + 1 == params.max_new_tokens:
                 break
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            out = self.model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
-            next_pos = next_pos + 1
+            logits = decoder.step(nxt)
         tokens, lengths, finished = tokens.tolist(), lengths.tolist(), finished.tolist()
         return [(tokens[r][: lengths[r]], finished[r]) for r in range(n_rows)]
 

@@ -1,0 +1,264 @@
+"""A lean decode forward for Llama-family models, used by the HF engine when the model fits.
+
+transformers' modelling code is written for every feature of every model; at decode's batch
+sizes on a CPU (one token for each of ~32 rows) its per-call overhead (module calls, kwargs,
+mask building, `repeat_kv` copying the whole cache per layer and step) costs about as much as
+the matrix products themselves (docs/performance.md). This module runs the same mathematics
+as `LlamaForCausalLM.forward` (Touvron et al. 2023; the transformers implementation is the
+reference it is tested against) with fewer, larger operations:
+
+- q, k and v come from one matrix product, gate and up from another, with weights copied
+  once per `generate` call into the layout the CPU's GEMM reads fastest (`[in, out]`
+  contiguous); the residual additions are fused into the o and down products (`addmm`);
+- RoPE rotates q and k together, with cos/sin looked up from a table built once per call
+  the way transformers builds them;
+- keys and values live in one preallocated tensor per layer; decode attention groups the
+  query heads that share a key/value head (GQA) instead of repeating the keys and values;
+- the prefill runs the prompt once with a causal, padding-aware mask.
+
+Supported: `model_type` llama (SmolLM2, Llama 2/3), qwen2 and mistral, without sliding
+windows, with static RoPE (default, linear, llama3, yarn), SiLU MLPs, plain `nn.Linear`
+projections (biases allowed), tied or untied heads, no forward hooks (this path does not
+call the modules). Anything else (`unsupported_reason` says why) runs through the
+transformers modules.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def unsupported_reason(model) -> str | None:
+    """None when `LeanLlama` can decode `model`; otherwise why not, in words."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {ARCHITECTURES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (only silu)"
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        return "layer types other than full attention"
+    inner = getattr(model, "model", None)
+    if not isinstance(getattr(inner, "layers", None), nn.ModuleList) or not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} is not a *ForCausalLM with model.layers (e.g. a LoRA wrapper)"
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
+        return f"RoPE type {getattr(rotary, 'rope_type', None)!r} (only {STATIC_ROPE})"
+    head = model.get_output_embeddings()
+    linears = [head] + [m for layer in inner.layers for m in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    if any(type(m) is not nn.Linear for m in linears):
+        return "wrapped projections (e.g. LoRA adapters): not plain nn.Linear"
+    if any(hasattr(layer.self_attn, name) for layer in inner.layers for name in ("q_norm", "k_norm")):
+        return "query/key norms"
+    if not head.weight.dtype.is_floating_point:
+        return f"weights of dtype {head.weight.dtype}"
+    hooked = next((name for name, m in model.named_modules()
+                   if m._forward_hooks or m._forward_pre_hooks), None)
+    if hooked is not None:  # the lean path does not call the modules, so their hooks would not run
+        return f"forward hooks on {hooked or 'the model'}"
+    return None
+
+
+class _Matrix:
+    """A projection `x @ W.T (+ b)` with W [out, in] copied into the layout the device's GEMM
+    reads fastest at decode's few rows. On CPU: `[in, out]` contiguous, and for wide outputs
+    (> 1024 columns) column blocks `[out / block, in, block]` with one batched product: at 32
+    rows this machine's GEMM runs a [576 x 3072] weight at 54 GFLOP/s whole and at 90 in
+    blocks of 512, the [576 x 49152] head at 82 and at 104 in blocks of 256
+    (docs/performance.md). On GPU: `[in, out]` (cuBLAS does not care)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block: int = 512):
+        weight = weight.detach()
+        self.out_features, self.bias = weight.size(0), bias
+        self.block = block if weight.device.type == "cpu" and self.out_features > 1024 else 0
+        if self.block:
+            blocks = -(-self.out_features // block)
+            padded = torch.cat([weight, weight.new_zeros(blocks * block - self.out_features, weight.size(1))])
+            self.weight = padded.view(blocks, block, -1).transpose(1, 2).contiguous()  # [blocks, in, block]
+        else:
+            self.weight = weight.t().contiguous()  # [in, out]
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., in] -> [..., out]; `residual` (same shape as the output) added in the product."""
+        shape = x.shape[:-1]
+        x2 = x.reshape(-1, x.size(-1))
+        if self.block:
+            out = torch.matmul(x2, self.weight)  # [blocks, rows, block]
+            out = out.transpose(0, 1).reshape(x2.size(0), -1)[:, : self.out_features]
+            if residual is not None:
+                out = out + residual.reshape(out.shape)
+        elif residual is not None:
+            out = torch.addmm(residual.reshape(-1, residual.size(-1)), x2, self.weight)
+        else:
+            out = x2 @ self.weight
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape, self.out_features)
+
+
+def _matrix(*linears: nn.Linear, block: int = 512) -> _Matrix:
+    """The projections' weights stacked along the output (q, k, v -> qkv) as one `_Matrix`."""
+    weight = torch.cat([m.weight.detach() for m in linears]) if len(linears) > 1 else linears[0].weight
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
+                          for m in linears])
+    return _Matrix(weight, bias, block)
+
+
+class _Layer:
+    """One decoder layer's weights in the fused layout (copies: the model is untouched)."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = _matrix(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = _matrix(attn.o_proj)
+        self.gate_up = _matrix(mlp.gate_proj, mlp.up_proj)
+        self.down = _matrix(mlp.down_proj)
+        self.norm1, self.eps1 = layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon
+        self.norm2 = layer.post_attention_layernorm.weight.detach()
+        self.eps2 = layer.post_attention_layernorm.variance_epsilon
+        self.scaling = attn.scaling
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm (Zhang & Sennrich 2019): w * (x / sqrt(mean(x^2) + eps)),
+    computed in fp32 and cast back before the weight."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class LeanLlama:
+    """The decode state of one `generate` call: fused weights, RoPE tables, KV cache.
+
+    `prefill(ids, mask)` runs left-padded prompts [P, W] and returns the last position's
+    logits [P, V]; `repeat(n)` gives each prompt n rows; `step(tokens)` appends one token per
+    row and returns the next logits [B, V]; `select(rows)` keeps only those rows.
+    """
+
+    def __init__(self, model, max_len: int):
+        config, inner = model.config, model.model
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
+        self.head = _matrix(model.get_output_embeddings(), block=256)
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.max_len = max_len
+        # RoPE tables for positions 0..max_len-1, built exactly as LlamaRotaryEmbedding does
+        rotary = inner.rotary_emb
+        positions = torch.arange(max_len, device=self.embed.device, dtype=torch.float32)
+        freqs = positions[:, None] * rotary.inv_freq.to(device=self.embed.device, dtype=torch.float32)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * rotary.attention_scaling).to(self.embed.dtype)
+        sin = (emb.sin() * rotary.attention_scaling).to(self.embed.dtype)
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2)
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        self.cache: torch.Tensor | None = None  # [layers, 2, B, kv_heads, max_len, head_dim]
+        self.key_ok: torch.Tensor | None = None  # [B, 1, 1, max_len] bool: columns a query may see
+        self.length = 0  # filled cache columns
+        self.positions: torch.Tensor | None = None  # [B] the next token's position
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [..., heads, S, D] rotated at positions [..., S] (transformers' apply_rotary_pos_emb)."""
+        cos = self.cos[positions].unsqueeze(-3)
+        sin = self.sin_signed[positions].unsqueeze(-3)
+        half = self.head_dim // 2
+        return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _split(self, qkv: torch.Tensor):
+        """[B, S, (H + 2K) D] -> q [B, H, S, D], k [B, K, S, D], v [B, K, S, D]."""
+        b, s = qkv.shape[:2]
+        h, k, d = self.heads, self.kv_heads, self.head_dim
+        qkv = qkv.view(b, s, h + 2 * k, d).transpose(1, 2)
+        return qkv[:, :h], qkv[:, h: h + k], qkv[:, h + k:]
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_rms_norm(x, self.norm, self.norm_eps))
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Left-padded prompts ids [P, W] with mask [P, W] (1 = token): fills the cache and
+        returns the logits [P, V] at each prompt's last position."""
+        p, w = ids.shape
+        if w > self.max_len:
+            raise ValueError(f"prompt of {w} tokens exceeds the decode length {self.max_len}")
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        valid = mask.bool()
+        causal = torch.ones(w, w, dtype=torch.bool, device=ids.device).tril()
+        # a query sees earlier real tokens, and itself (padding rows see only themselves: finite)
+        attn_mask = (causal & valid[:, None, :]) | torch.eye(w, dtype=torch.bool, device=ids.device)
+        attn_mask = attn_mask[:, None]
+        shape = (len(self.layers), 2, p, self.kv_heads, self.max_len, self.head_dim)
+        self.cache = self.embed.new_empty(shape)
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
+            q, k, v = self._split(qkv)
+            q, k = self._rope(q, positions), self._rope(k, positions)
+            self.cache[i, 0, :, :, :w] = k
+            self.cache[i, 1, :, :, :w] = v
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=layer.scaling,
+                                                 enable_gqa=self.heads != self.kv_heads)
+            x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(p, w, -1), x))
+        self.length = w
+        self.positions = positions[:, -1] + 1
+        self.key_ok = torch.ones(p, 1, 1, self.max_len, dtype=torch.bool, device=ids.device)
+        self.key_ok[:, 0, 0, :w] = valid
+        return self._head(x[:, -1])
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).chunk(2, -1)
+        return layer.down(F.silu(gate) * up, x)
+
+    def repeat(self, n: int) -> None:
+        """Each row becomes n consecutive rows (a prompt's n samples share its prefill)."""
+        self.cache = self.cache.repeat_interleave(n, dim=2)
+        self.key_ok = self.key_ok.repeat_interleave(n, dim=0)
+        self.positions = self.positions.repeat_interleave(n, dim=0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (indices into the current batch), in this order."""
+        self.cache = self.cache.index_select(2, rows)
+        self.key_ok = self.key_ok.index_select(0, rows)
+        self.positions = self.positions.index_select(0, rows)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [B]: appends its keys/values, returns the logits [B, V]."""
+        if self.length >= self.max_len:
+            raise ValueError(f"decode length {self.max_len} exceeded")
+        b, col = tokens.size(0), self.length
+        h, k, d = self.heads, self.kv_heads, self.head_dim
+        g = h // k
+        x = F.embedding(tokens, self.embed)  # [B, hidden]
+        cos = self.cos[self.positions].unsqueeze(1)  # [B, 1, D]
+        sin = self.sin_signed[self.positions].unsqueeze(1)
+        key_ok = self.key_ok[..., : col + 1]
+        half = d // 2
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1)).view(b, h + 2 * k, d)
+            qk = qkv[:, : h + k]
+            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+            cache = self.cache[i]
+            cache[0, :, :, col] = qk[:, h:]
+            cache[1, :, :, col] = qkv[:, h + k:]
+            # the g query heads of a key/value head attend as g "positions" of one sequence
+            q = qk[:, :h].reshape(b, k, g, d)
+            out = F.scaled_dot_product_attention(q, cache[0, :, :, : col + 1], cache[1, :, :, : col + 1],
+                                                 attn_mask=key_ok, scale=layer.scaling)
+            x = layer.o(out.reshape(b, h * d), x)
+            x = self._mlp(layer, x)
+        self.length += 1
+        self.positions = self.positions + 1
+        return self._head(x)

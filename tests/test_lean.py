@@ -1,0 +1,290 @@
+"""The lean decode path (reasonrl.rollout.llama) and the lean training kernels
+(reasonrl.policy.kernels): each against the transformers code it replaces."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from reasonrl.policy.kernels import (
+    RMSNormFunction,
+    SwiGLUDownFunction,
+    SwiGLUFunction,
+    apply_lean_kernels,
+)
+from reasonrl.policy.worker import completion_logprobs, make_micro_batches
+from reasonrl.rollout import SamplingParams
+from reasonrl.rollout.hf import HFEngine, ModulesDecoder
+from reasonrl.rollout.llama import LeanLlama, _Matrix, unsupported_reason
+
+
+def tiny_qwen2(tokenizer, seed: int = 0):
+    """A random Qwen2 (q/k/v biases, untied head, 4 query heads on 2 key/value heads)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():  # non-zero biases and norm weights, so a dropped one shows
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or "norm" in name:
+                    p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def left_padded(prompts: list[list[int]], pad: int):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [100, 200, 300, 400, 500, 600, 700]]
+
+
+# ------------------------------------------------------------------ the lean decoder
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch):
+    model, tokenizer = tiny
+    model = model if arch == "llama" else tiny_qwen2(tokenizer)
+    model.eval()
+    assert unsupported_reason(model) is None
+    ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
+    steps = [torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([7, 8, 9, 10, 11, 12]),
+             torch.tensor([13, 14, 15])]
+    with torch.inference_mode():
+        ref, lean = ModulesDecoder(model, 8), LeanLlama(model, ids.size(1) + 8)
+        torch.testing.assert_close(lean.prefill(ids, mask), ref.prefill(ids, mask), atol=1e-5, rtol=1e-5)
+        ref.repeat(2)
+        lean.repeat(2)
+        for t, tokens in enumerate(steps):
+            if t == 2:  # rows 1, 2 and 4 go on: the cache, positions and masks follow them
+                keep = torch.tensor([1, 2, 4])
+                ref.select(keep)
+                lean.select(keep)
+            torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_lean_and_modules_engines_sample_the_same_tokens(tiny):
+    model, tokenizer = tiny
+    out = {}
+    for lean in (True, False):
+        engine = HFEngine(model, tokenizer, lean=lean)
+        assert engine.lean is lean
+        torch.manual_seed(3)
+        out[lean] = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=10, temperature=1.0))
+    assert out[True].completion_ids == out[False].completion_ids
+    assert out[True].truncated == out[False].truncated
+
+
+def test_unsupported_models_fall_back_with_a_reason(tiny):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from reasonrl.policy.lora import apply_lora
+
+    model, tokenizer = tiny
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16))
+    assert "qwen3" in unsupported_reason(qwen3)
+    wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)
+    assert "LoRA" in unsupported_reason(wrapped)
+    engine = HFEngine(wrapped, tokenizer)
+    assert not engine.lean and "LoRA" in engine.lean_off_reason
+    assert engine.generate([[5, 6]], SamplingParams(n=2, max_new_tokens=3)).completion_ids  # still decodes
+    assert HFEngine(model, tokenizer, lean=False).lean_off_reason == "rollout.hf_lean=false"
+
+
+def test_forward_hooks_send_decoding_through_the_modules(tiny):
+    """A hook must run: the lean path would skip it, so a hooked model decodes through the
+    modules, checked at each call (the hook may come after the engine)."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    engine = HFEngine(model, tokenizer)
+    assert engine.lean
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    assert engine.lean_off_reason == "forward hooks on lm_head"
+    engine.generate([[5, 6]], SamplingParams(n=1, max_new_tokens=3, greedy=True))
+    assert calls
+    handle.remove()
+    assert engine.lean
+
+
+@pytest.mark.parametrize("out_features,block", [(1500, 512), (2048, 256), (300, 512)])
+def test_matrix_layouts_compute_x_at_w_transposed(out_features, block):
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(out_features, 48, generator=g), torch.randn(out_features, generator=g)
+    x, residual = torch.randn(2, 5, 48, generator=g), torch.randn(2, 5, out_features, generator=g)
+    m = _Matrix(weight, bias, block)
+    assert bool(m.block) == (out_features > 1024)  # wide outputs go in column blocks on CPU
+    torch.testing.assert_close(m(x), x @ weight.t() + bias)
+    torch.testing.assert_close(m(x, residual), residual + x @ weight.t() + bias)
+
+
+def test_decode_length_is_checked(tiny):
+    model, tokenizer = tiny
+    ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
+    with torch.inference_mode():
+        lean = LeanLlama(model.eval(), ids.size(1) + 1)
+        lean.prefill(ids, mask)
+        lean.step(torch.tensor([1, 2, 3]))
+        with pytest.raises(ValueError, match="decode length"):
+            lean.step(torch.tensor([1, 2, 3]))
+
+
+# ------------------------------------------------------------------ training kernels
+
+
+def test_rms_norm_function_matches_transformers_and_gradcheck():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(6, eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(6, generator=g, dtype=torch.float64))
+    x = torch.randn(3, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(RMSNormFunction.apply(x, norm.weight, 1e-5), norm(x))
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-5), (x, norm.weight))
+
+
+def test_rms_norm_backward_hand_computed():
+    """x = [3, 4], w = [1, 2], eps = 0: r = 1/sqrt(12.5), n = r x, y = w n; L = sum(y).
+    dL/dw = n = [0.8485, 1.1314]; dn = w = [1, 2],
+    mean(dn n) = (0.8485 + 2.2627) / 2 = 1.5556, dx = r (dn - n 1.5556) = r [-0.32, 0.24]
+    = [-0.0905, 0.0679]."""
+    x = torch.tensor([[3.0, 4.0]], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    RMSNormFunction.apply(x, w, 0.0).sum().backward()
+    torch.testing.assert_close(w.grad, torch.tensor([0.848528, 1.131371], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(x.grad, torch.tensor([[-0.090510, 0.067882]], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+
+
+def test_swiglu_functions_gradcheck_and_values():
+    g = torch.Generator().manual_seed(1)
+    gate = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(SwiGLUFunction.apply(gate, up), nn.functional.silu(gate) * up)
+    torch.testing.assert_close(SwiGLUDownFunction.apply(gate, up, w, b),
+                               nn.functional.linear(nn.functional.silu(gate) * up, w, b))
+    assert torch.autograd.gradcheck(SwiGLUFunction.apply, (gate, up))
+    assert torch.autograd.gradcheck(SwiGLUDownFunction.apply, (gate, up, w, b))
+    assert torch.autograd.gradcheck(SwiGLUDownFunction.apply, (gate, up, w, None))
+    # silu'(0) = 1/2: d/dgate of silu(gate) * up at gate = 0, up = 3 is 1.5
+    zero = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    SwiGLUFunction.apply(zero, torch.tensor([3.0], dtype=torch.float64)).sum().backward()
+    assert zero.grad.item() == pytest.approx(1.5)
+
+
+def rows(seed: int = 0):
+    rng = random.Random(seed)
+    prompt_ids, completion_ids = [], []
+    for i in range(3):
+        p = [rng.randrange(100, 2000) for _ in range(5 + 3 * i)]
+        for _ in range(2):
+            prompt_ids.append(p)
+            completion_ids.append([rng.randrange(100, 2000) for _ in range(rng.randint(1, 9))])
+    return prompt_ids, completion_ids
+
+
+def loss_and_grads(model, share_prompt: bool):
+    model.zero_grad(set_to_none=True)
+    prompt_ids, completion_ids = rows()
+    total = 0.0
+    for mb in make_micro_batches(prompt_ids, completion_ids, 4, 0, share_prompt=share_prompt):
+        logp, _ = completion_logprobs(model, mb)
+        loss = (logp * mb.mask).sum()
+        loss.backward()
+        total += loss.item()
+    return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt):
+    model, tokenizer = tiny
+    base = copy.deepcopy(model) if arch == "llama" else tiny_qwen2(tokenizer)
+    base.train()
+    lean = copy.deepcopy(base)
+    assert apply_lean_kernels(lean) == ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]
+    expected_loss, expected = loss_and_grads(base, share_prompt)
+    loss, grads = loss_and_grads(lean, share_prompt)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert grads.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(grads[name], expected[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_lean_kernels_with_lora_same_gradient(tiny):
+    from reasonrl.policy.lora import apply_lora
+
+    model, _ = tiny
+    base = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "down_proj"], seed=0)
+    with torch.no_grad():  # B = 0 at init: make the adapters matter
+        for name, p in base.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    lean = copy.deepcopy(base)
+    assert "swiglu x2" in apply_lean_kernels(lean)  # down_proj is wrapped: its own module runs
+    expected_loss, expected = loss_and_grads(base, True)
+    loss, grads = loss_and_grads(lean, True)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    for name in expected:
+        torch.testing.assert_close(grads[name], expected[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def saved_bytes(model) -> int:
+    """Bytes of activations autograd keeps for one micro-batch (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    prompt_ids, completion_ids = rows()
+    mb = make_micro_batches(prompt_ids, completion_ids, 6, 0, share_prompt=True)[0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        completion_logprobs(model, mb)
+    return sum(seen.values())
+
+
+def test_lean_kernels_keep_fewer_activations(tiny):
+    model, _ = tiny
+    base = copy.deepcopy(model).train()
+    lean = copy.deepcopy(base)
+    apply_lean_kernels(lean)
+    assert saved_bytes(lean) < 0.8 * saved_bytes(base)
+
+
+def test_other_families_are_left_alone():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2))
+    assert apply_lean_kernels(model) == []
+
+
+def test_saved_model_keeps_the_standard_attention(tiny, tmp_path):
+    import json
+
+    model, _ = tiny
+    lean = copy.deepcopy(model)
+    apply_lean_kernels(lean)
+    lean.save_pretrained(tmp_path)
+    assert "reasonrl" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
