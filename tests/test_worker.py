@@ -376,6 +376,43 @@ def test_fused_adam_equals_the_default_adam(base_model):
         torch.testing.assert_close(param, models[1][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypatch):
+    """reasonrl.policy.memory: the moments are views of one buffer each from the start (and
+    again after loading a checkpoint's optimizer state); during an update the gradients are
+    views of one buffer, dropped after the step."""
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-3))
+    params = [p for p in worker.model.parameters() if p.requires_grad]
+
+    def storages(key):
+        return {worker.optimizer.state[p][key].untyped_storage().data_ptr() for p in params}
+
+    assert len(storages("exp_avg")) == 1 and len(storages("exp_avg_sq")) == 1
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(grad_params, *args, **kwargs):
+        seen.append({p.grad.untyped_storage().data_ptr() for p in grad_params})
+        return clip(grad_params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+    assert len(seen) == 1 and len(seen[0]) == 1
+    assert all(p.grad is None for p in params)
+    moments = [worker.optimizer.state[p]["exp_avg"].clone() for p in params]
+    assert any(m.abs().max() > 0 for m in moments)
+
+    other = PolicyWorker(copy.deepcopy(worker.model), 0, PolicyHyper(lr=1e-3))
+    other.load_state_dict(copy.deepcopy(worker.state_dict()))  # as through a checkpoint file
+    other_params = [p for p in other.model.parameters() if p.requires_grad]
+    assert len({other.optimizer.state[p]["exp_avg"].untyped_storage().data_ptr() for p in other_params}) == 1
+    for m, p in zip(moments, other_params, strict=True):
+        assert torch.equal(other.optimizer.state[p]["exp_avg"], m)
+    worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+    other.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+    for a, b in zip(params, other_params, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_higher_advantage_completion_becomes_more_likely(base_model):
     worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-2))
     mb = make_micro_batches(PROMPTS[:1], COMPLETIONS[:1], 1, 0)[0]

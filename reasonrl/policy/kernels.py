@@ -6,7 +6,9 @@ token costs about 1.5 MB of saved activations through the transformers modules; 
 cut that by ~40 % (docs/performance.md):
 
 - RMSNorm (`RMSNormFunction`): keeps the input and 1/rms, not also the normalised input;
-  the backward recomputes it (one multiply).
+  the backward recomputes it (one multiply). Under `recompute_norm_outputs` (the worker's
+  training forward) the norm's output, which the next projections keep as their input, is
+  recomputed in the backward as well.
 - SwiGLU MLP (`SwiGLUDownFunction`, `SwiGLUFunction`): down(silu(gate) * up) keeps gate
   and up only; silu(gate), the product and (with a plain `nn.Linear` down projection) the
   down projection's input are recomputed in the backward. Shazeer 2020, "GLU Variants
@@ -24,7 +26,10 @@ its own module). Models of other families are left as they are.
 
 from __future__ import annotations
 
+import contextlib
 import types
+import weakref
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +50,10 @@ class RMSNormFunction(torch.autograd.Function):
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
-        return weight * (h * rstd).to(x.dtype)
+        out = weight * (h * rstd).to(x.dtype)
+        if _norm_outputs is not None:  # the projections after the norm may keep a recipe for it
+            _norm_outputs[out.data_ptr()] = (weakref.ref(out), x, weight, rstd)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -58,6 +66,45 @@ class RMSNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_w = (grad * n.to(x.dtype)).reshape(-1, weight.numel()).sum(0).to(weight.dtype)
         return grad_x, grad_w, None
+
+
+_norm_outputs: dict | None = None  # RMSNorm outputs of the forward in `recompute_norm_outputs`
+
+
+class _NormRecipe:
+    """What an RMSNorm output is made of (its input, weight and 1/rms, all kept anyway)."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor):
+        self.x, self.weight, self.rstd = x, weight, rstd
+
+    def compute(self) -> torch.Tensor:  # the forward's arithmetic: bitwise the same tensor
+        return self.weight * (self.x.to(self.rstd.dtype) * self.rstd).to(self.x.dtype)
+
+
+def _pack(t: torch.Tensor):
+    entry = _norm_outputs.get(t.data_ptr()) if _norm_outputs is not None else None
+    if entry is not None and entry[0]() is t:
+        return _NormRecipe(*entry[1:])
+    return t
+
+
+def _unpack(saved):
+    return saved.compute() if isinstance(saved, _NormRecipe) else saved
+
+
+@contextlib.contextmanager
+def recompute_norm_outputs() -> Iterator[None]:
+    """Within the block, a lean RMSNorm's output that a later operation keeps for its
+    backward (the q/k/v and gate/up projections keep their input) is kept as a recipe and
+    recomputed when the backward needs it: two [tokens, hidden] tensors per layer fewer.
+    No effect on models without the lean kernels."""
+    global _norm_outputs
+    outer, _norm_outputs = _norm_outputs, {}
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+            yield
+    finally:
+        _norm_outputs = outer
 
 
 def _swiglu_grads(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
@@ -118,12 +165,29 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(SwiGLUFunction.apply(gate, up))
 
 
+_additive_cache: tuple = (None, None)  # (weakref to the last bool mask, its additive form)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bool mask as SDPA would convert it (0 where True, -inf where False), made once per
+    forward and shared by every layer: SDPA converts a bool mask on each call and keeps each
+    layer's copy for the backward."""
+    global _additive_cache
+    ref, additive = _additive_cache
+    if ref is None or ref() is not mask or additive.dtype != dtype:
+        additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        _additive_cache = (weakref.ref(mask), additive)
+    return additive
+
+
 def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                        scaling: float | None = None, is_causal: bool | None = None, **kwargs):
     """transformers' `sdpa_attention_forward` (same mask and causal rules) with native
     grouped-query attention instead of `repeat_kv`."""
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attention_mask = _additive(attention_mask, query.dtype)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=is_causal,
                                          enable_gqa=query.shape[1] != key.shape[1])

@@ -9,6 +9,7 @@ whatever `micro_batch_size` is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -19,9 +20,10 @@ import torch
 
 from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
 from reasonrl.batch import TrainBatch
-from reasonrl.policy import lora
+from reasonrl.policy import lora, memory
 from reasonrl.policy.head import fusable, head_logprobs
-from reasonrl.policy.kernels import apply_lean_kernels
+from reasonrl.policy.kernels import apply_lean_kernels, recompute_norm_outputs
+from reasonrl.policy.memory import flat_ok
 
 
 @dataclass
@@ -202,11 +204,12 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_en
     135M model with a 49k vocabulary the head costs about a quarter of the forward,
     so skipping the prompt positions saves real time.
     """
-    if mb.prompts is None:
-        decoder = model.get_decoder()
-        hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
-    else:
-        hidden = _shared_prompt_hidden(model, mb)
+    with recompute_norm_outputs() if torch.is_grad_enabled() else contextlib.nullcontext():
+        if mb.prompts is None:
+            decoder = model.get_decoder()
+            hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+        else:
+            hidden = _shared_prompt_hidden(model, mb)
     index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
     picked = torch.gather(hidden, 1, index)
     lm_head = model.get_output_embeddings()
@@ -260,6 +263,10 @@ class PolicyWorker:
         self.optimizer = torch.optim.AdamW(
             trainable, lr=hyper.lr, betas=tuple(hyper.betas), eps=hyper.eps,
             weight_decay=hyper.weight_decay, fused=fused_adam_ok(trainable) or None)
+        # gradients and AdamW moments as views of single buffers (reasonrl.policy.memory)
+        self.flat = flat_ok(trainable) and type(self.optimizer) is torch.optim.AdamW
+        if self.flat:
+            memory.flatten_adam_state(self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_multiplier(s, hyper.total_steps, hyper.schedule,
                                                     hyper.warmup_ratio, hyper.min_lr_ratio))
@@ -393,6 +400,9 @@ class PolicyWorker:
                                                   if h.tis_cap > 0 else {}))
         ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
         self.optimizer.zero_grad(set_to_none=True)
+        trainable = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_buffer = memory.attach_gradient_buffer(trainable) if self.flat else None
+        cpu = self.device.type == "cpu"
         advantages = advantages.to(self.device)
         for mb in self.train_micro_batches(prompt_ids, completion_ids):
             mb = mb.to(self.device)
@@ -426,6 +436,8 @@ class PolicyWorker:
                 sums["kl"] += token_mean(kl_tok, mb.mask)
                 if h.beta > 0 and h.kl_in == "loss":
                     loss = loss + h.beta * agg(kl_tok, mb.mask)
+            if cpu:  # the forward's freed temporaries go back before the backward allocates
+                memory.release_free_memory()
             loss.backward()
             sums["loss"] += loss.item()
             sums["entropy"] += token_mean(entropy, mb.mask)
@@ -443,6 +455,7 @@ class PolicyWorker:
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
+        del grad_buffer
         if engine_logp is not None:
             sums["logprob_diff_max"] = diff_max
         return {**sums, "ratio_max": ratio_max if ratio_max > -math.inf else 1.0,
@@ -498,6 +511,8 @@ class PolicyWorker:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.flat:  # load_state_dict made per-parameter tensors: back into the buffers
+            memory.flatten_adam_state(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
 
