@@ -10,7 +10,7 @@ For each engine, in its own process (so peak RSS is the engine's own), prints:
 - for vLLM, |engine - policy| over the sampled tokens' log-probs (policy: fp32 forward);
 - peak RSS of the process.
 
-Usage: `python bench/rollout.py [--model tiny|PATH] [--engines hf,vllm] [--prompts 8 --n 4
+Usage: `python bench/rollout.py [--model tiny|PATH] [--engines hf,hf-modules,vllm] [--prompts 8 --n 4
 --tokens 128] [--threads 2]`. Default: the embedded SmolLM2-135M-Instruct, 8 x 4 x 128 (the
 issue's "32 x 128"). The load average is printed with the figures: run it on an idle machine.
 """
@@ -56,8 +56,10 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
         out["import_s"] = time.perf_counter() - t
     options = RolloutConfig()
     options.vllm.enforce_eager = not args.compiled
+    options.hf_lean = engine_name != "hf-modules"  # hf-modules: the HF engine through transformers' modules
     t = time.perf_counter()
-    engine = make_engine(engine_name, model, tokenizer, options, args.threads)
+    engine = make_engine("hf" if engine_name == "hf-modules" else engine_name, model, tokenizer, options,
+                         args.threads)
     out["engine_start_s"] = time.perf_counter() - t
     policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
     worker = RolloutWorker(engine, tokenizer)
@@ -108,7 +110,7 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="'' = embedded SmolLM2-135M-Instruct, tiny, or an HF folder")
-    ap.add_argument("--engines", default="hf,vllm")
+    ap.add_argument("--engines", default="hf,vllm", help="of hf, hf-modules (rollout.hf_lean=false), vllm")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)

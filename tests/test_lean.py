@@ -122,14 +122,46 @@ def test_forward_hooks_send_decoding_through_the_modules(tiny):
 
 
 @pytest.mark.parametrize("out_features,block", [(1500, 512), (2048, 256), (300, 512)])
-def test_matrix_layouts_compute_x_at_w_transposed(out_features, block):
+@pytest.mark.parametrize("packing", [True, False])
+def test_matrix_layouts_compute_x_at_w_transposed(monkeypatch, out_features, block, packing):
+    """Every layout computes x @ W.T + b (+ residual): MKL-packed for a number of rows (fewer
+    rows padded; more rows through F.linear), or without MKL the [in, out] copy or, for
+    wide outputs, column blocks."""
+    import reasonrl.rollout.llama as llama
+
+    if packing and not llama.mkl_packing():
+        pytest.skip("this torch has no MKL packed GEMM")
+    monkeypatch.setattr(llama, "mkl_packing", lambda: packing)
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(out_features, 48, generator=g), torch.randn(out_features, generator=g)
-    x, residual = torch.randn(2, 5, 48, generator=g), torch.randn(2, 5, out_features, generator=g)
     m = _Matrix(weight, bias, block)
-    assert bool(m.block) == (out_features > 1024)  # wide outputs go in column blocks on CPU
-    torch.testing.assert_close(m(x), x @ weight.t() + bias)
-    torch.testing.assert_close(m(x, residual), residual + x @ weight.t() + bias)
+    assert m.packable is packing
+    assert bool(m.block) == (not packing and out_features > 1024)  # wide outputs in column blocks
+    m.pack(6)
+    for rows in (6, 4, 9):  # packed count, fewer (padded), more (the prefill's path)
+        x, residual = torch.randn(rows, 48, generator=g), torch.randn(rows, out_features, generator=g)
+        torch.testing.assert_close(m(x), x @ weight.t() + bias, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(m(x, residual), residual + x @ weight.t() + bias, atol=1e-4, rtol=1e-5)
+
+
+def test_decoder_repacks_when_half_the_rows_are_left(tiny):
+    model, tokenizer = tiny
+    ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
+    with torch.inference_mode():
+        lean = LeanLlama(model.eval(), ids.size(1) + 8)
+        lean.prefill(ids, mask)
+        lean.repeat(4)  # 12 rows
+        lean.step(torch.arange(12))
+        packed = lean.head.rows
+        lean.select(torch.arange(7))
+        lean.step(torch.arange(7))
+        assert lean.head.rows == packed  # 7 of 12: padded, not repacked
+        lean.select(torch.arange(5))
+        lean.step(torch.arange(5))
+    if lean.head.packable:
+        assert packed == 12 and lean.head.rows == 5
+    else:
+        assert packed == 0 and lean.head.rows == 0
 
 
 def test_decode_length_is_checked(tiny):

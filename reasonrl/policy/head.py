@@ -60,7 +60,7 @@ class _HeadLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_weight = None  # the first chunk's product starts it (no zero-filled [vocab, H] first)
         use_entropy = ctx.entropy_grad and grad_entropy is not None
         if grad_logp is None:
             grad_logp = torch.zeros_like(lse)
@@ -84,7 +84,7 @@ class _HeadLogprobs(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[s: s + step] = g @ weight
             if need_weight:
-                grad_weight.addmm_(g.t(), h)
+                grad_weight = g.t() @ h if grad_weight is None else grad_weight.addmm_(g.t(), h)
         return grad_hidden, grad_weight, None, None, None, None
 
 

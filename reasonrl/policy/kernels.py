@@ -49,8 +49,8 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, weight, rstd)
         out = weight * (h * rstd).to(x.dtype)
+        ctx.save_for_backward(x, weight, rstd)
         if _norm_outputs is not None:  # the projections after the norm may keep a recipe for it
             _norm_outputs[out.data_ptr()] = (weakref.ref(out), x, weight, rstd)
         return out
@@ -60,11 +60,12 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         n = x.to(rstd.dtype) * rstd
         grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            dn = (grad * weight).to(rstd.dtype)
-            grad_x = (rstd * (dn - n * (dn * n).mean(-1, keepdim=True))).to(x.dtype)
         if ctx.needs_input_grad[1]:
             grad_w = (grad * n.to(x.dtype)).reshape(-1, weight.numel()).sum(0).to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            dn = (grad * weight).to(rstd.dtype)
+            dot = (dn * n).mean(-1, keepdim=True)
+            grad_x = dn.sub_(n.mul_(dot)).mul_(rstd).to(x.dtype)  # in place: n and dn are done with
         return grad_x, grad_w, None
 
 
@@ -107,11 +108,10 @@ def recompute_norm_outputs() -> Iterator[None]:
         _norm_outputs = outer
 
 
-def _swiglu_grads(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
-    """d/d(gate) and d/d(up) of h = silu(gate) * up, with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)."""
-    s = torch.sigmoid(gate)
-    silu = gate * s
-    return grad_h * up * (s * (1 + gate * (1 - s))), grad_h * silu
+def _swiglu_grads(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, silu: torch.Tensor):
+    """d/d(gate) and d/d(up) of h = silu(gate) * up, given silu(gate): torch's `silu_backward`
+    (silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)) in one kernel."""
+    return torch.ops.aten.silu_backward(grad_h * up, gate), grad_h * silu
 
 
 class SwiGLUFunction(torch.autograd.Function):
@@ -125,7 +125,7 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up = ctx.saved_tensors
-        return _swiglu_grads(grad, gate, up)
+        return _swiglu_grads(grad, gate, up, F.silu(gate))
 
 
 class SwiGLUDownFunction(torch.autograd.Function):
@@ -143,11 +143,12 @@ class SwiGLUDownFunction(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         gate, up, weight = ctx.saved_tensors
         grad_h = grad @ weight
-        grad_gate, grad_up = _swiglu_grads(grad_h, gate, up)
+        silu = F.silu(gate)
+        grad_gate, grad_up = _swiglu_grads(grad_h, gate, up, silu)
         grad_w = grad_b = None
         flat = grad.reshape(-1, grad.size(-1))
         if ctx.needs_input_grad[2]:
-            h = (F.silu(gate) * up).reshape(-1, gate.size(-1))
+            h = silu.mul_(up).reshape(-1, gate.size(-1))  # the forward's product, recomputed
             grad_w = flat.t() @ h
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_b = flat.sum(0)
