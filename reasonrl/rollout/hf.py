@@ -29,6 +29,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from reasonrl.policy.memory import release_free_memory
 from reasonrl.rollout import Generation, SamplingParams, weights_checksum
 from reasonrl.rollout.llama import LeanLlama, unsupported_reason
 
@@ -206,6 +207,8 @@ class HFEngine:
                 rows = self._decode(prompt_ids, params, device, lean)
         finally:
             self.model.train(was_training)
+        if device.type == "cpu":  # the decoder's weight copies are gone: give their pages back
+            release_free_memory()
         # greedy samples of a prompt are all the same: each prompt was decoded once
         copies = params.n if params.greedy else 1
         completions, truncated = [], []
