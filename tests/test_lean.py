@@ -144,35 +144,38 @@ def test_matrix_layouts_compute_x_at_w_transposed(monkeypatch, out_features, blo
         torch.testing.assert_close(m(x, residual), residual + x @ weight.t() + bias, atol=1e-4, rtol=1e-5)
 
 
-def test_decoder_repacks_when_half_the_rows_are_left(tiny):
+def prefilled(tiny, room: int) -> LeanLlama:
+    """A LeanLlama over the tiny model with PROMPTS prefilled and `room` decode steps left."""
     model, tokenizer = tiny
     ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
-    with torch.inference_mode():
-        lean = LeanLlama(model.eval(), ids.size(1) + 8)
-        lean.prefill(ids, mask)
-        lean.repeat(4)  # 12 rows
-        lean.step(torch.arange(12))
-        packed = lean.head.rows
-        lean.select(torch.arange(7))
-        lean.step(torch.arange(7))
-        assert lean.head.rows == packed  # 7 of 12: padded, not repacked
-        lean.select(torch.arange(5))
-        lean.step(torch.arange(5))
+    lean = LeanLlama(model.eval(), ids.size(1) + room)
+    lean.prefill(ids, mask)
+    return lean
+
+
+@torch.inference_mode()
+def test_decoder_repacks_when_half_the_rows_are_left(tiny):
+    lean = prefilled(tiny, 8)
+    lean.repeat(4)  # 12 rows
+    lean.step(torch.arange(12))
+    packed = lean.head.rows
+    lean.select(torch.arange(7))
+    lean.step(torch.arange(7))
+    assert lean.head.rows == packed  # 7 of 12: padded, not repacked
+    lean.select(torch.arange(5))
+    lean.step(torch.arange(5))
     if lean.head.packable:
         assert packed == 12 and lean.head.rows == 5
     else:
         assert packed == 0 and lean.head.rows == 0
 
 
+@torch.inference_mode()
 def test_decode_length_is_checked(tiny):
-    model, tokenizer = tiny
-    ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
-    with torch.inference_mode():
-        lean = LeanLlama(model.eval(), ids.size(1) + 1)
-        lean.prefill(ids, mask)
+    lean = prefilled(tiny, 1)
+    lean.step(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="decode length"):
         lean.step(torch.tensor([1, 2, 3]))
-        with pytest.raises(ValueError, match="decode length"):
-            lean.step(torch.tensor([1, 2, 3]))
 
 
 # ------------------------------------------------------------------ training kernels
@@ -324,3 +327,35 @@ def test_saved_model_keeps_the_standard_attention(tiny, tmp_path):
     apply_lean_kernels(lean)
     lean.save_pretrained(tmp_path)
     assert "reasonrl" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def test_config_switches_reach_the_engine_and_the_worker(tiny):
+    """`rollout.hf_lean` and `optim.lean_kernels`, as the README documents them."""
+    from reasonrl.config import RolloutConfig, load_config
+    from reasonrl.placement import policy_hyper
+    from reasonrl.policy.worker import PolicyWorker
+    from reasonrl.rollout import make_engine
+
+    model, tokenizer = tiny
+    assert make_engine("hf", model, tokenizer, RolloutConfig()).lean
+    off = make_engine("hf", model, tokenizer, RolloutConfig(hf_lean=False))
+    assert not off.lean and off.lean_off_reason == "rollout.hf_lean=false"
+    for value, expected in (("true", ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]), ("false", [])):
+        cfg = load_config(None, ["model.path=tiny", f"optim.lean_kernels={value}"])
+        worker = PolicyWorker(copy.deepcopy(model), 0, policy_hyper(cfg))
+        assert worker.kernels == expected
+
+
+def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):
+    from reasonrl.batch import TrainBatch
+    from reasonrl.policy import memory
+    from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+
+    assert memory.release_free_memory() is True  # glibc: malloc_trim is there
+    calls = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
+    model, _ = tiny
+    worker = PolicyWorker(copy.deepcopy(model), 0, PolicyHyper(micro_batch_size=2))
+    prompt_ids, completion_ids = rows()  # 6 rows: 3 micro-batches of 2
+    worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.randn(6)))
+    assert len(calls) == 3

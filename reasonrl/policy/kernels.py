@@ -39,6 +39,15 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 ATTENTION = "reasonrl_sdpa"
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w * (x / sqrt(mean(x^2) + eps)), 1 / sqrt(mean(x^2) + eps)), computed in fp32 (float64
+    stays float64) and cast back before the weight, as transformers' LlamaRMSNorm does. The
+    one RMSNorm forward of the project: the training kernel and the lean decoder use it."""
+    h = x.to(torch.promote_types(x.dtype, torch.float32))
+    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h * rstd).to(x.dtype), rstd
+
+
 class RMSNormFunction(torch.autograd.Function):
     """y = w * (x / sqrt(mean(x^2) + eps)), computed in fp32 and cast back before the weight
     (transformers' LlamaRMSNorm; Zhang & Sennrich 2019, "Root Mean Square Layer
@@ -47,9 +56,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        out = weight * (h * rstd).to(x.dtype)
+        out, rstd = rms_norm(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         if _norm_outputs is not None:  # the projections after the norm may keep a recipe for it
             _norm_outputs[out.data_ptr()] = (weakref.ref(out), x, weight, rstd)

@@ -45,14 +45,19 @@ def release_free_memory() -> bool:
     return True
 
 
-def flat_ok(params: list[torch.Tensor]) -> bool:
-    """Views of one buffer need plain tensors of one device and dtype (FSDP2's DTensor
-    shards and mixed dtypes keep torch's own per-parameter tensors)."""
+def plain_parameters(params: list[torch.Tensor]) -> bool:
+    """Every parameter a plain `nn.Parameter` (not one of FSDP2's DTensor shards)."""
     from torch.distributed.tensor import DTensor
 
-    return bool(params) and all(
-        type(p) is torch.nn.Parameter and not isinstance(p.data, DTensor) and p.device == params[0].device
-        and p.dtype == params[0].dtype for p in params)
+    return bool(params) and all(type(p) is torch.nn.Parameter and not isinstance(p.data, DTensor)
+                                for p in params)
+
+
+def flat_ok(params: list[torch.Tensor]) -> bool:
+    """Views of one buffer need plain parameters of one device and dtype (FSDP2's shards and
+    mixed dtypes keep torch's own per-parameter tensors)."""
+    return plain_parameters(params) and all(
+        p.device == params[0].device and p.dtype == params[0].dtype for p in params)
 
 
 def views(buffer: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:

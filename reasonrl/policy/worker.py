@@ -23,7 +23,6 @@ from reasonrl.batch import TrainBatch
 from reasonrl.policy import lora, memory
 from reasonrl.policy.head import fusable, head_logprobs
 from reasonrl.policy.kernels import apply_lean_kernels, recompute_norm_outputs
-from reasonrl.policy.memory import flat_ok
 
 
 @dataclass
@@ -243,11 +242,9 @@ def fused_adam_ok(params: list[torch.Tensor]) -> bool:
     project's CPU it steps SmolLM2-135M in 0.22 s instead of 1.1 s and makes no temporary
     copies of the state (peak -0.5 GB): the default `foreach` path allocates whole lists of
     intermediates (docs/performance.md). FSDP2's DTensor shards keep the default."""
-    from torch.distributed.tensor import DTensor
-
-    return bool(params) and all(
-        type(p) is torch.nn.Parameter and not isinstance(p.data, DTensor) and p.device.type in ("cpu", "cuda")
-        and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in params)
+    return memory.plain_parameters(params) and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        for p in params)
 
 
 class PolicyWorker:
@@ -259,12 +256,12 @@ class PolicyWorker:
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
         if ref_model is None and (hyper.beta > 0 or hyper.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
-        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.trainable = trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=hyper.lr, betas=tuple(hyper.betas), eps=hyper.eps,
             weight_decay=hyper.weight_decay, fused=fused_adam_ok(trainable) or None)
         # gradients and AdamW moments as views of single buffers (reasonrl.policy.memory)
-        self.flat = flat_ok(trainable) and type(self.optimizer) is torch.optim.AdamW
+        self.flat = memory.flat_ok(trainable)
         if self.flat:
             memory.flatten_adam_state(self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -400,8 +397,7 @@ class PolicyWorker:
                                                   if h.tis_cap > 0 else {}))
         ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        trainable = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_buffer = memory.attach_gradient_buffer(trainable) if self.flat else None
+        grad_buffer = memory.attach_gradient_buffer(self.trainable) if self.flat else None
         cpu = self.device.type == "cpu"
         advantages = advantages.to(self.device)
         for mb in self.train_micro_batches(prompt_ids, completion_ids):

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reasonrl.policy.kernels import rms_norm
+
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -162,12 +164,14 @@ class _Layer:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm (Zhang & Sennrich 2019): w * (x / sqrt(mean(x^2) + eps)),
-    computed in fp32 and cast back before the weight."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return rms_norm(x, weight, eps)[0]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE (Su et al. 2021; transformers' apply_rotary_pos_emb): x * cos + rotate_half(x) * sin,
+    with rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2) = cat(x2, x1) * sin_signed."""
+    half = x.size(-1) // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
@@ -214,7 +218,7 @@ class LeanLlama:
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.embed.dtype)
         sin = (emb.sin() * rotary.attention_scaling).to(self.embed.dtype)
         half = self.head_dim // 2
-        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2)
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): see _rotate
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         self.cache: torch.Tensor | None = None  # [layers, 2, B, kv_heads, max_len, head_dim]
         self.key_ok: torch.Tensor | None = None  # [B, 1, 1, max_len] bool: columns a query may see
@@ -222,11 +226,8 @@ class LeanLlama:
         self.positions: torch.Tensor | None = None  # [B] the next token's position
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [..., heads, S, D] rotated at positions [..., S] (transformers' apply_rotary_pos_emb)."""
-        cos = self.cos[positions].unsqueeze(-3)
-        sin = self.sin_signed[positions].unsqueeze(-3)
-        half = self.head_dim // 2
-        return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+        """x [..., heads, S, D] rotated at positions [..., S]."""
+        return _rotate(x, self.cos[positions].unsqueeze(-3), self.sin_signed[positions].unsqueeze(-3))
 
     def _split(self, qkv: torch.Tensor):
         """[B, S, (H + 2K) D] -> q [B, H, S, D], k [B, K, S, D], v [B, K, S, D]."""
@@ -311,7 +312,7 @@ class LeanLlama:
         batch, repacked when the rows still decoding fall below half of it (padding up to
         twice the work is cheaper than repacking at every finished row: ~0.35 s a packing)."""
         packed = self.head.rows
-        if packed and rows <= packed < 2 * rows:
+        if not self.head.packable or (packed and rows <= packed < 2 * rows):
             return
         for m in self._matrices():
             m.pack(rows)
@@ -328,11 +329,9 @@ class LeanLlama:
         cos = self.cos[self.positions].unsqueeze(1)  # [B, 1, D]
         sin = self.sin_signed[self.positions].unsqueeze(1)
         key_ok = self.key_ok[..., : col + 1]
-        half = d // 2
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1)).view(b, h + 2 * k, d)
-            qk = qkv[:, : h + k]
-            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+            qk = _rotate(qkv[:, : h + k], cos, sin)  # q and k heads together
             cache = self.cache[i]
             cache[0, :, :, col] = qk[:, h:]
             cache[1, :, :, col] = qkv[:, h + k:]
