@@ -1,16 +1,60 @@
 """The records that cross stage boundaries, one dataclass per boundary.
 
-data -> `Example`; rollout engine -> `Rollouts`; rewards -> `Scores`; the trainer then
-packs rollouts + advantages into a `TrainBatch` for the policy worker. Everything that
-is per completion is aligned by index (row i of every tensor is completion i).
+data -> `Example`; rollout engine -> `Rollouts`; rewards -> `Scores`; the batch collected
+for a step (rollouts, scores, shaped rewards, which rows train) -> `StepBatch`; the trainer
+then packs rollouts + advantages into a `TrainBatch` for the policy worker. Everything that
+is per completion is aligned by index (row i of every tensor is completion i), and a
+per-completion record can be cut (`take`) and joined (`concat`) as a whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+R = TypeVar("R", bound="Rows")
+
+
+class Rows:
+    """A record with one entry per completion in each tensor, list or dict-of-tensors field;
+    other fields (counts, versions) describe the whole record."""
+
+    def take(self: R, rows: list[int]) -> R:
+        """These rows, in this order; the other fields are kept."""
+        values = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                values[f.name] = v[rows]
+            elif isinstance(v, list):
+                values[f.name] = [v[i] for i in rows]
+            elif isinstance(v, dict):
+                values[f.name] = {k: x[rows] for k, x in v.items()}
+        return dataclasses.replace(self, **values)
+
+    @classmethod
+    def concat(cls: type[R], records: list[R]) -> R:
+        """The rows of `records` in order; counts add up (or merge as the field's metadata
+        says, e.g. the oldest policy version), a field None in any record is None."""
+        if len(records) == 1:
+            return records[0]
+        values = {}
+        for f in dataclasses.fields(cls):
+            vs = [getattr(r, f.name) for r in records]
+            if any(v is None for v in vs):
+                values[f.name] = None
+            elif isinstance(vs[0], torch.Tensor):
+                values[f.name] = torch.cat(vs)
+            elif isinstance(vs[0], list):
+                values[f.name] = [x for v in vs for x in v]
+            elif isinstance(vs[0], dict):
+                values[f.name] = {k: torch.cat([v[k] for v in vs]) for k in vs[0]}
+            elif isinstance(vs[0], (int, float)):
+                values[f.name] = f.metadata.get("merge", sum)(vs)
+        return dataclasses.replace(records[0], **values)
 
 
 @dataclass(frozen=True)
@@ -30,7 +74,7 @@ class Example:
 
 
 @dataclass
-class Rollouts:
+class Rollouts(Rows):
     """G completions for each of B prompts, flattened to N = B * G rows, group-major."""
 
     prompt_ids: list[list[int]]  # the prompt's token ids (no padding), per row
@@ -52,13 +96,25 @@ class Rollouts:
 
 
 @dataclass
-class Scores:
+class Scores(Rows):
     """Rewards aligned with `Rollouts`: the weighted total and each raw component."""
 
     total: torch.Tensor  # [N] float
     components: dict[str, torch.Tensor]  # name -> [N] float, unweighted
     errors: int = 0  # reward calls that raised and were scored 0
     timeouts: int = 0  # reward calls that ran past reward.timeout and were scored 0
+
+
+@dataclass
+class StepBatch:
+    """What a step trains on, as collected (`reasonrl.collect.collect_batch`)."""
+
+    rollouts: Rollouts
+    scores: Scores
+    rewards: torch.Tensor  # [N] the task scores plus shaping (overlong penalty, KL in the reward)
+    trainable: torch.Tensor  # [N] bool: rows that enter the loss
+    stats: dict[str, float] = field(default_factory=dict)  # rollout/ and reward/ metrics of collecting
+    seconds: dict[str, float] = field(default_factory=dict)  # time spent: rollout, reward
 
 
 @dataclass

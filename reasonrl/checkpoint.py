@@ -21,15 +21,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from reasonrl.errors import ConfigError
+from reasonrl.rng import rng_state
 
 STATE_FILE = "trainer_state.json"
 ADAPTER_DIR = "adapter"
@@ -46,25 +47,6 @@ RESUME_SAFE_KEYS = (
     "trainer.run_name", "trainer.keep_last", "trainer.max_bad_steps", "trainer.save_every",
     "trainer.eval_every", "trainer.log_samples", "trainer.threads",
 )
-
-
-class TrainingInterrupted(Exception):
-    """SIGINT / SIGTERM stopped the run; `checkpoint` is where it can resume from (or None)."""
-
-    def __init__(self, signal_name: str, run_dir: Path, checkpoint: Path | None, step: int,
-                 exit_code: int):
-        self.signal_name, self.run_dir, self.checkpoint = signal_name, run_dir, checkpoint
-        self.step, self.exit_code = step, exit_code
-        if checkpoint is None:
-            where = "no checkpoint was written yet; the run must start again"
-        else:
-            where = (f"checkpoint {checkpoint}; resume with: "
-                     f"reasonrl train --resume {run_dir}")
-        super().__init__(f"stopped by {signal_name} after step {step}: {where}")
-
-
-class TrainingAborted(RuntimeError):
-    """Training cannot usefully continue (e.g. the loss keeps being non-finite)."""
 
 
 # ---- writing -------------------------------------------------------------------------
@@ -106,22 +88,6 @@ def atomic_save(target: Path, write: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict, merged: bool = True) -> None:
@@ -237,6 +203,16 @@ def config_changes(saved: dict, current: dict) -> dict[str, tuple[object, object
     a, b = flatten(saved), flatten(current)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in RESUME_SAFE_KEYS and a.get(k) != b.get(k)}
+
+
+def check_config_changes(path: Path, saved: dict, current: dict, allowed: list[str]) -> None:
+    """ConfigError listing every key that changed since the checkpoint at `path` was written,
+    except the keys in `allowed` (`trainer.allow_config_change`)."""
+    refused = {k: v for k, v in config_changes(saved, current).items() if k not in allowed}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+        raise ConfigError(f"resuming {path}: the config changed ({listed}). Resume with the run's own "
+                          f"config, or accept the change with --allow-config-change {','.join(refused)}")
 
 
 def truncate_log(path: Path, offset: int) -> None:

@@ -15,12 +15,17 @@ import json
 import sys
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
-from reasonrl.config import ConfigError, load_config
-from reasonrl.data import DataError
-from reasonrl.policy.model import ModelLoadError
-from reasonrl.report import ReportError
-from reasonrl.rewards.numeric import GroundTruthError
-from reasonrl.tracking import MissingExtraError
+from reasonrl.config import load_config
+from reasonrl.errors import (
+    ConfigError,
+    DataError,
+    GroundTruthError,
+    MissingExtraError,
+    ModelLoadError,
+    PlacementError,
+    ReportError,
+)
+from reasonrl.registry import VERIFIERS
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -48,7 +53,7 @@ def _train(args: argparse.Namespace) -> int:
 
         print(dump_yaml(cfg), end="")
         return 0
-    from reasonrl.checkpoint import TrainingAborted, TrainingInterrupted
+    from reasonrl.errors import TrainingAborted, TrainingInterrupted
     from reasonrl.trainer import train
 
     try:
@@ -107,7 +112,7 @@ def _reward(args: argparse.Namespace) -> int:
     import dataclasses
 
     from reasonrl.batch import Example
-    from reasonrl.rewards import TASKS, score_examples, verifier_for
+    from reasonrl.rewards import score_examples, verifier_for
 
     overrides = [f"reward.{k}={v}" for k, v in (("task", args.task), ("fn", args.fn),
                                                 ("timeout", args.timeout)) if v is not None]
@@ -115,8 +120,9 @@ def _reward(args: argparse.Namespace) -> int:
     rows = []
     for where, record in _reward_records(args):
         task = record.get("task") or cfg.task
-        if task not in ("auto", *TASKS):
-            raise DataError(f"{where}: field 'task': unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        if task != "auto" and task not in VERIFIERS:
+            raise DataError(f"{where}: field 'task': unknown task {task!r}; allowed: "
+                            f"{', '.join(VERIFIERS.names())}")
         row_cfg = dataclasses.replace(cfg, task=task)
         example = Example(prompt="", ground_truth=str(record["ground_truth"]),
                           data_source=str(record.get("data_source") or "numeric"),
@@ -245,7 +251,7 @@ def _add_eval_options(p: argparse.ArgumentParser, probe: bool) -> None:
     p.add_argument("--data", help="a data file (JSONL/JSON/Parquet; comma-separated for several) or a "
                                   "built-in task (arithmetic, countdown, piecewise) = its held-out split; "
                                   "default: the config's held-out set")
-    p.add_argument("--task", choices=["auto", "numeric", "gsm8k", "math", "countdown", "piecewise"],
+    p.add_argument("--task", choices=["auto", *VERIFIERS.names()],
                    help="the verifier (reward.task; default auto = from each record's data_source)")
     p.add_argument("--n", type=int, help="samples per prompt (default: rollout.n; 1 with --greedy)")
     if not probe:
@@ -303,16 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text appended to each question (default: the task's usual instruction; '' = none)")
     p.set_defaults(func=_prepare)
 
-    from reasonrl.rewards.verifiers import TASKS
-
     p = sub.add_parser(
         "reward", help="score completions with a task's reward, to debug a reward rule",
         description="Print the score and its components as JSON: one line for the completion "
                     "given, or one line per record of --file (fields completion, ground_truth, "
                     "optional task, data_source, extra_info) and a summary line. Tasks: "
-                    + "; ".join(f"{k}: {v}" for k, v in TASKS.items()))
+                    + "; ".join(f"{e.name}: {e.doc}" for e in VERIFIERS))
     p.add_argument("completion", nargs="?", help="the completion text to score")
-    p.add_argument("--task", choices=["auto", *TASKS], help="the verifier (default: reward.task)")
+    p.add_argument("--task", choices=["auto", *VERIFIERS.names()], help="the verifier (default: reward.task)")
     p.add_argument("--ground-truth", help="the ground truth (countdown/piecewise: JSON)")
     p.add_argument("--extra-info", help="extra_info JSON object passed to the verifier")
     p.add_argument("--file", help="JSONL of {completion, ground_truth, task?} records")
@@ -377,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {err}", file=sys.stderr)
         return 2
     except (DataError, GroundTruthError, ModelLoadError, FileExistsError, ReportError,
-            MissingExtraError) as err:
+            MissingExtraError, PlacementError) as err:
         print(f"reasonrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,14 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from reasonrl.batch import Example
-from reasonrl.config import Config, ConfigError
-from reasonrl.data import DataError, load_examples, load_files, take_per_source
+from reasonrl.config import Config
+from reasonrl.data import load_examples, load_files, take_per_source
+from reasonrl.errors import ConfigError, DataError
+from reasonrl.registry import DATA_TASKS
 from reasonrl.rewards.countdown import extract_equation
 from reasonrl.rewards.extract import extract_answer
 from reasonrl.rewards.gsm8k import extract_gsm8k_answer
 from reasonrl.rewards.numeric import parse_number
+from reasonrl.rng import seed_everything
 
-BUILTIN_TASKS = ("arithmetic", "countdown", "piecewise")  # `--data NAME`: that task's held-out split
 GENERATE_BATCH = 64  # sequences per generate call (prompts per call = this // n)
 ZERO_VARIANCE_TOL = 1e-12  # a prompt's rewards with population variance <= this are "all equal"
 
@@ -127,6 +129,7 @@ class PromptResult:
 def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, float]:
     """Metrics of a set of prompts, each with the same number n of samples.
 
+    - accuracy: share of samples whose `correct` is full marks (= pass@1).
     - reward_mean: mean total reward over all samples.
     - pass@k: mean over prompts of `pass_at_k(n, c, k)` (pass@1 = share of correct samples).
     - majority_accuracy: share of prompts whose `majority_vote` answer is right (maj@n).
@@ -147,6 +150,7 @@ def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, f
     rewards = [x for r in results for x in r.rewards]
     lengths = [x for r in results for x in r.lengths]
     metrics = {"num_prompts": float(len(results)), "num_samples": float(len(rewards)),
+               "accuracy": float(np.mean([c for r in results for c in r.correct])),
                "reward_mean": float(np.mean(rewards))}
     for k in ks:
         metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r.correct), k) for r in results]))
@@ -256,9 +260,9 @@ def probe_verdict(accuracy: float, variance: float, entropy: float | None,
 
 # ---- printing ---------------------------------------------------------------------------
 
-EVAL_ORDER = ("num_prompts", "num_samples", "reward_mean", "pass@*", "majority_accuracy", "entropy_mean",
-              "response_length_mean", "response_length_p95", "truncated_frac", "format_error_rate",
-              "reward_errors", "reward_timeouts")
+EVAL_ORDER = ("num_prompts", "num_samples", "accuracy", "reward_mean", "pass@*", "majority_accuracy",
+              "entropy_mean", "response_length_mean", "response_length_p95", "truncated_frac",
+              "format_error_rate", "reward_errors", "reward_timeouts")
 
 
 def _ordered(keys) -> list[str]:
@@ -374,7 +378,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
     that task), or None for the config's own held-out set."""
     seed = cfg.trainer.seed
     if data is None:
-        if cfg.data.task in ("file", "jsonl"):  # only the held-out files: the training set may be absent
+        if not DATA_TASKS[cfg.data.task].info["generated"]:  # only the held-out files: no training set needed
             if not cfg.data.val_path:
                 raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
             examples = load_files(cfg.data.val_path, cfg.data.fields)
@@ -385,7 +389,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
                 raise DataError(f"data.task={cfg.data.task} has no held-out set: pass --data FILE")
         what = f"held-out set of data.task={cfg.data.task}"
         what += f" ({cfg.data.val_path})" if cfg.data.val_path else ""
-    elif data in BUILTIN_TASKS:
+    elif data in DATA_TASKS and DATA_TASKS[data].info["generated"]:
         d = dataclasses.replace(cfg.data, task=data, val_size=0)
         examples = load_examples(d, seed)[1]
         what = f"{data} held-out split (seed {seed})"
@@ -393,8 +397,8 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
         examples = load_files(data, cfg.data.fields)
         what = data
     else:
-        raise DataError(f"--data {data}: no such file, and not a built-in task "
-                        f"({', '.join(BUILTIN_TASKS)})")
+        generated = [e.name for e in DATA_TASKS if e.info["generated"]]
+        raise DataError(f"--data {data}: no such file, and not a built-in task ({', '.join(generated)})")
     if limit:
         examples = take_per_source(examples, limit)
     return examples, what
@@ -409,22 +413,123 @@ def _eval_config(cfg: Config, s: EvalSettings) -> Config:
                                     top_k=s.top_k, max_new_tokens=s.max_new_tokens))
 
 
+@dataclass
+class Evaluation:
+    """What `evaluate` measured: per-prompt results, every prompt's completions, and times."""
+
+    results: list[PromptResult]
+    prompts: list[dict]  # per prompt: prompt, ground truth, majority answer, samples
+    times: dict[str, float]  # generate_s, reward_s, entropy_s
+
+
+def sampling_for(settings: EvalSettings):
+    from reasonrl.rollout import SamplingParams
+
+    return SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                          top_k=settings.top_k, max_new_tokens=settings.max_new_tokens,
+                          greedy=settings.greedy)
+
+
+def evaluate(rollout, policy, examples: list[Example], settings: EvalSettings, reward_cfg) -> Evaluation:
+    """The evaluation of reasonrl, used by the trainer's held-out eval and by `reasonrl eval`
+    and `probe` alike, so that the two can never disagree: `settings.n` samples per prompt
+    through the rollout worker (`settings.batch_size` sequences per call), scored with the
+    training reward code, answers extracted by the task's rule, and (with
+    `settings.entropy`) the policy's per-token entropy over the generated tokens."""
+    from tqdm.auto import tqdm
+
+    from reasonrl.rewards import score_examples, verifier_for
+
+    sampling = sampling_for(settings)
+    entropy_temperature = 1.0 if settings.greedy else settings.temperature
+    tasks = {e.data_source: verifier_for(e.data_source, reward_cfg).task for e in examples}
+    per_call = max(1, settings.batch_size // settings.n)
+    out = Evaluation([], [], {"generate_s": 0.0, "reward_s": 0.0, "entropy_s": 0.0})
+    bar = tqdm(total=len(examples) * settings.n, desc="generate", unit="sample",
+               disable=not settings.progress)
+    try:
+        for start in range(0, len(examples), per_call):
+            chunk = examples[start: start + per_call]
+            t = time.perf_counter()
+            rollouts = rollout.rollout(chunk, sampling)
+            out.times["generate_s"] += time.perf_counter() - t
+            t = time.perf_counter()
+            scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True)
+            out.times["reward_s"] += time.perf_counter() - t
+            entropies = None
+            if settings.entropy:
+                t = time.perf_counter()
+                entropies = policy.row_entropies(rollouts.prompt_ids, rollouts.completion_ids,
+                                                 entropy_temperature)
+                out.times["entropy_s"] += time.perf_counter() - t
+            for g, example in enumerate(chunk):
+                rows = list(range(g * settings.n, (g + 1) * settings.n))
+                result = _prompt_result(example, rows, rollouts, scores, entropies,
+                                        tasks[example.data_source], reward_cfg.fallback_last_number,
+                                        first=g == 0)
+                out.results.append(result)
+                out.prompts.append(_prompt_record(example, rollouts, rows, result))
+            bar.update(len(rollouts))
+    finally:
+        bar.close()
+    return out
+
+
+def _prompt_result(example: Example, rows: list[int], rollouts, scores, entropies, task: str,
+                   fallback_last_number: bool, first: bool) -> PromptResult:
+    """One prompt's samples as a `PromptResult`. A format component that raised is counted
+    once, on the chunk's first prompt (its row is not known)."""
+    timeouts = [scores.failures.get(i) == "timeout" for i in range(len(rollouts))]
+    errors = [i in scores.failures and not timeouts[i] for i in range(len(rollouts))]
+    other_errors = scores.errors - sum(errors)
+    return PromptResult(
+        data_source=example.data_source,
+        rewards=[scores.total[i] for i in rows],
+        correct=[scores.components["correct"][i] >= 1.0 for i in rows],
+        answers=[final_answer(rollouts.texts[i], task, fallback_last_number) for i in rows],
+        lengths=[len(rollouts.completion_ids[i]) for i in rows],
+        truncated=[bool(rollouts.truncated[i]) for i in rows],
+        entropy_sums=[entropies[i].sum().item() for i in rows] if entropies else [],
+        reward_errors=sum(errors[i] for i in rows) + (other_errors if first else 0),
+        reward_timeouts=sum(timeouts[i] for i in rows))
+
+
+def _prompt_record(example: Example, rollouts, rows: list[int], r: PromptResult) -> dict:
+    columns = zip(rows, r.rewards, r.correct, r.answers, r.lengths, r.truncated, strict=True)
+    samples = [{"completion": rollouts.texts[i], "reward": reward, "correct": c, "answer": a, "length": n,
+                "truncated": tr} for i, reward, c, a, n, tr in columns]
+    return {"prompt": example.prompt, "ground_truth": example.ground_truth,
+            "data_source": example.data_source, "majority_answer": majority_vote(r.answers, r.correct)[0],
+            "samples": samples}
+
+
+def eval_metrics(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, float]:
+    """`summarize` overall, and per data_source as `<source>/<metric>` when there are several
+    (a "/" in a source name becomes "_")."""
+    metrics = summarize(results, ks)
+    sources = by_source(results)
+    if len(sources) > 1:
+        for source, rs in sources.items():
+            name = source.replace("/", "_")
+            metrics.update({f"{name}/{k}": v for k, v in summarize(rs, ks).items()})
+    return metrics
+
+
 def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[list[PromptResult], dict]:
-    """Generate `settings.n` samples per prompt through the rollout worker, score them with the
-    training reward code, and measure entropy with the policy model.
+    """`reasonrl eval` / `probe`: build the workers as training does (`build_workers`, so
+    whatever `rollout.engine` the config names generates here too), check that the engine
+    serves the policy's weights, and `evaluate`.
 
     Returns the per-prompt results and a record {data, settings, model, times, prompts} where
     `prompts` holds every prompt's completions, rewards and answers.
     """
     import torch
-    from tqdm.auto import tqdm
 
-    from reasonrl.placement import build_workers
-    from reasonrl.rewards import check_examples, score_examples, verifier_for
-    from reasonrl.rollout import SamplingParams
-    from reasonrl.trainer import seed_everything
+    from reasonrl.placement import build_workers, preflight
+    from reasonrl.rewards import check_examples, verifier_for
 
     settings.check()
+    preflight(cfg)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
     examples, what = load_eval_examples(cfg, data, settings.limit)
@@ -432,83 +537,34 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
     cfg = _eval_config(cfg, settings)
     t = time.perf_counter()
     workers = build_workers(cfg)
-    # The engine must serve exactly the policy's weights: the entropy pass reads the policy.
-    workers.rollout.load_weights(workers.policy.named_weights(), version=0,
-                                 expected_checksum=workers.policy.weights_checksum())
-    seed_everything(cfg.trainer.seed)
-    times = {"load_s": time.perf_counter() - t, "generate_s": 0.0, "reward_s": 0.0, "entropy_s": 0.0}
-    for e in examples:  # a prompt over data.max_prompt_tokens fails now
-        workers.rollout.encode(e)
-    sampling = SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
-                              top_k=settings.top_k, max_new_tokens=settings.max_new_tokens,
-                              greedy=settings.greedy)
-    entropy_temperature = 1.0 if settings.greedy else settings.temperature
-    tasks = {e.data_source: verifier_for(e.data_source, cfg.reward).task for e in examples}
-    per_call = max(1, settings.batch_size // settings.n)
-    results: list[PromptResult] = []
-    records: list[dict] = []
-    bar = tqdm(total=len(examples) * settings.n, desc="generate", unit="sample",
-               disable=not settings.progress)
     try:
-        for start in range(0, len(examples), per_call):
-            chunk = examples[start: start + per_call]
-            t = time.perf_counter()
-            rollouts = workers.rollout.rollout(chunk, sampling)
-            times["generate_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            scores = score_examples(rollouts.texts, rollouts.examples, cfg.reward, always_correct=True)
-            times["reward_s"] += time.perf_counter() - t
-            timeouts = [scores.failures.get(i) == "timeout" for i in range(len(rollouts))]
-            errors = [i in scores.failures and not timeouts[i] for i in range(len(rollouts))]
-            other_errors = scores.errors - sum(errors)  # a format component raised: no row known
-            entropies = None
-            if settings.entropy:
-                t = time.perf_counter()
-                entropies = workers.policy.row_entropies(rollouts.prompt_ids, rollouts.completion_ids,
-                                                         entropy_temperature)
-                times["entropy_s"] += time.perf_counter() - t
-            for g, example in enumerate(chunk):
-                rows = list(range(g * settings.n, (g + 1) * settings.n))
-                task = tasks[example.data_source]
-                texts = [rollouts.texts[i] for i in rows]
-                result = PromptResult(
-                    data_source=example.data_source,
-                    rewards=[scores.total[i] for i in rows],
-                    correct=[scores.components["correct"][i] >= 1.0 for i in rows],
-                    answers=[final_answer(x, task, cfg.reward.fallback_last_number) for x in texts],
-                    lengths=[len(rollouts.completion_ids[i]) for i in rows],
-                    truncated=[bool(rollouts.truncated[i]) for i in rows],
-                    entropy_sums=[entropies[i].sum().item() for i in rows] if entropies else [],
-                    reward_errors=sum(errors[i] for i in rows) + (other_errors if g == 0 else 0),
-                    reward_timeouts=sum(timeouts[i] for i in rows))
-                results.append(result)
-                records.append({
-                    "prompt": example.prompt, "ground_truth": example.ground_truth,
-                    "data_source": example.data_source,
-                    "majority_answer": majority_vote(result.answers, result.correct)[0],
-                    "samples": [{"completion": x, "reward": r, "correct": c, "answer": a, "length": length,
-                                 "truncated": tr}
-                                for x, r, c, a, length, tr in zip(texts, result.rewards, result.correct,
-                                                             result.answers, result.lengths,
-                                                             result.truncated, strict=True)]})
-            bar.update(len(rollouts))
+        # The engine must serve exactly the policy's weights: the entropy pass reads the policy.
+        workers.rollout.load_weights(workers.policy.named_weights(), version=0,
+                                     expected_checksum=workers.policy.weights_checksum())
+        seed_everything(cfg.trainer.seed)
+        load_s = time.perf_counter() - t
+        for e in examples:  # a prompt over data.max_prompt_tokens fails now
+            workers.rollout.encode(e)
+        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward)
     finally:
-        bar.close()
-    times["wall_s"] = time.perf_counter() - t_start
-    generated = sum(sum(r.lengths) for r in results)
+        workers.close()
+    times = {"load_s": load_s, **evaluation.times, "wall_s": time.perf_counter() - t_start}
+    generated = sum(sum(r.lengths) for r in evaluation.results)
     times["generated_tokens_per_s"] = generated / max(times["generate_s"], 1e-9)
     record = {
         "model": cfg.model.path or "SmolLM2-135M-Instruct (embedded default)",
         "engine": cfg.rollout.engine,
         "settings": {"data": what, **{k: v for k, v in dataclasses.asdict(settings).items()
                                       if k not in ("progress",)},
-                     "entropy_temperature": entropy_temperature, "seed": cfg.trainer.seed,
-                     "reward_weights": dict(cfg.reward.weights), "tasks": tasks},
+                     "entropy_temperature": 1.0 if settings.greedy else settings.temperature,
+                     "seed": cfg.trainer.seed, "reward_weights": dict(cfg.reward.weights),
+                     "tasks": {e.data_source: verifier_for(e.data_source, cfg.reward).task
+                               for e in examples}},
         "times": times,
-        "prompts": records,
+        "prompts": evaluation.prompts,
     }
     record["settings"]["ks"] = list(settings.ks)
-    return results, record
+    return evaluation.results, record
 
 
 def eval_report(results: Sequence[PromptResult], record: dict, ks: Sequence[int]) -> dict:

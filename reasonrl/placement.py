@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import os
 import socket
 import tempfile
@@ -34,9 +35,14 @@ from typing import Any
 import torch
 
 from reasonrl.config import Config, resolve_device
+from reasonrl.errors import ConfigError, PlacementError
 from reasonrl.policy.model import TINY, load_model_and_tokenizer, load_tokenizer
-from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+from reasonrl.policy.worker import PolicySettings, PolicyWorker
+from reasonrl.registry import ENGINES
+from reasonrl.rng import seed_everything
 from reasonrl.rollout import RolloutWorker, make_engine
+from reasonrl.tracking import missing_extra
+from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # what every actor process gets in its environment (besides REASONRL_HOME when set here)
@@ -47,42 +53,42 @@ ACTOR_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 POLICY_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 
 
-class PlacementError(RuntimeError):
-    """A worker could not be placed, or did not answer in time; the message names the
-    worker, what it was doing and the resources it asks for."""
+def preflight(cfg: Config) -> None:
+    """What the config asks of this machine, checked before any model loads: the engine's
+    and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA."""
+    problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
+    problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
+    if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
+        problems.append(("placement.mode", "placement.mode=ray needs Ray: pip install 'reasonrl[ray]'"))
+    if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        problems.append(("model.lora.rank", "model.lora.rank > 0 needs peft: pip install 'reasonrl[lora]'"))
+    for key, problem in problems:
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
 
 
 @dataclass
 class Workers:
-    policy: PolicyWorker
-    rollout: RolloutWorker
+    policy: PolicyWorkerAPI
+    rollout: RolloutWorkerAPI
     tokenizer: object
     actors: list = field(default_factory=list)  # ray mode: the actor handles, for close()
 
     def close(self) -> None:
-        """Stop the Ray actors of this run (local mode: nothing to do)."""
-        if self.actors:
-            import ray
+        """Free the workers: engines closed (vLLM's memory and process state), Ray actors
+        stopped. Safe to call twice."""
+        policy, rollout, self.policy, self.rollout = self.policy, self.rollout, None, None
+        try:
+            for worker in (rollout, policy):
+                if worker is not None:
+                    worker.close()
+        finally:
+            if self.actors:
+                import ray
 
-            for actor in self.actors:
-                ray.kill(actor)
-            self.actors = []
-
-
-def policy_hyper(cfg: Config) -> PolicyHyper:
-    o, a = cfg.optim, cfg.algo
-    return PolicyHyper(
-        lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
-        schedule=o.schedule, warmup_ratio=o.warmup_ratio, min_lr_ratio=o.min_lr_ratio,
-        max_grad_norm=o.max_grad_norm, micro_batch_size=o.micro_batch_size,
-        mini_batches=o.mini_batches, ppo_epochs=o.ppo_epochs,
-        total_steps=cfg.trainer.steps, clip_low=a.clip_low, clip_high=a.clip_high,
-        clip_ratio_c=a.clip_ratio_c, ratio_level=a.ratio_level, loss_agg=a.loss_agg,
-        max_response_length=cfg.rollout.max_new_tokens, beta=a.beta,
-        kl_estimator=a.kl_estimator, kl_in=a.kl_in, log_kl=a.log_kl, entropy_coef=a.entropy_coef,
-        temperature=cfg.rollout.temperature, tis_cap=a.tis_cap, share_prompt=o.share_prompt,
-        lean_kernels=o.lean_kernels,
-    )
+                for actor in self.actors:
+                    ray.kill(actor)
+                self.actors = []
 
 
 def load_model(cfg: Config, device: str = "cpu"):
@@ -99,7 +105,7 @@ def make_policy(cfg: Config, model, tokenizer) -> PolicyWorker:
         from reasonrl.policy.lora import apply_lora
 
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
-    return PolicyWorker(model, tokenizer.pad_token_id, policy_hyper(cfg))
+    return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))
 
 
 def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
@@ -132,8 +138,6 @@ def _device(num_gpus: float) -> str:
 def _build_rollout(cfg: Config) -> RolloutWorker:
     """In the rollout actor: its own model and engine, then the run's seed, so that sampling
     draws the same random numbers as the colocated engine of local mode."""
-    from reasonrl.trainer import seed_everything
-
     model, tokenizer = load_model(cfg, _device(cfg.placement.rollout.num_gpus))
     worker = make_rollout(cfg, model, tokenizer)
     seed_everything(cfg.trainer.seed)
@@ -152,11 +156,11 @@ def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, bac
 
     parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
     model, tokenizer = load_model(cfg)
-    h = policy_hyper(cfg)
-    ref = reference_model(model) if h.beta > 0 or h.log_kl else None
+    settings = PolicySettings.from_config(cfg)
+    ref = reference_model(model) if cfg.algo.beta > 0 or cfg.algo.log_kl else None
     device = torch.device(_device(cfg.placement.policy.num_gpus))
     return parallel.RankPolicyWorker(
-        parallel.shard_model(model, device), tokenizer.pad_token_id, h, rank, world,
+        parallel.shard_model(model, device), tokenizer.pad_token_id, settings, rank, world,
         None if ref is None else parallel.shard_model(ref, device))
 
 
@@ -182,9 +186,10 @@ class WorkerHost:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def build(self, builder, *args) -> bool:
+    def build(self, builder, api: type, *args) -> list[str]:
+        """Build the worker; returns the methods of `api` it lacks (none, or start-up fails)."""
         self.worker = builder(*args)
-        return True
+        return missing_methods(self.worker, api)
 
     def call(self, method: str, args: tuple, kwargs: dict, keep: bool = True):
         import ray
@@ -264,11 +269,6 @@ class RemoteWorker:
         refs = [a.call.remote(method, args, kwargs, rank == 0) for rank, a in enumerate(self._actors)]
         return self._wait(refs, f"{method}()")[0]
 
-    def __getattr__(self, method: str):
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
-
     def _into_folder(self, method: str, path, *args):
         result, files = self._wait([a.call_into_folder.remote(method, args, rank == 0)
                                     for rank, a in enumerate(self._actors)], f"{method}()")[0]
@@ -280,6 +280,8 @@ class RemoteWorker:
 
 
 class RemotePolicy(RemoteWorker):
+    """`PolicyWorkerAPI` over the policy's actors (see `_forward_api`)."""
+
     def named_weights(self) -> RemoteWeights:
         """All ranks gather; rank 0's weights stay in the object store (see `RemoteWeights`)."""
         import ray
@@ -302,6 +304,8 @@ class RemotePolicy(RemoteWorker):
 
 
 class RemoteRollout(RemoteWorker):
+    """`RolloutWorkerAPI` over the rollout actor (see `_forward_api`)."""
+
     def __init__(self, name: str, actors: list, request: dict[str, float], timeout: float,
                  encoder: RolloutWorker):
         super().__init__(name, actors, request, timeout)
@@ -315,6 +319,26 @@ class RemoteRollout(RemoteWorker):
         tensors = named_tensors.ref if isinstance(named_tensors, RemoteWeights) else list(named_tensors)
         self._wait([self._actors[0].call.remote("load_weights", (tensors,), {"version": version, **kwargs})],
                    f"load_weights(version={version})")
+
+
+def _forward(method: str):
+    def call(self, *args, **kwargs):
+        return self._call(method, *args, **kwargs)
+
+    call.__name__ = method
+    return call
+
+
+def _forward_api(cls: type, api: type) -> None:
+    """Give `cls` every method of `api` it does not define itself, each one a remote call
+    (`RemoteWorker._call`): the proxy has exactly the declared API, nothing by accident."""
+    for method in api_methods(api):
+        if method not in vars(cls):
+            setattr(cls, method, _forward(method))
+
+
+_forward_api(RemotePolicy, PolicyWorkerAPI)
+_forward_api(RemoteRollout, RolloutWorkerAPI)
 
 
 def _connect(p) -> None:
@@ -371,6 +395,18 @@ def _await_start(actors: list[tuple[str, Any, Any]], refs: list, what: str, cfg:
         raise
 
 
+def check_api(actors: list[tuple[str, Any, Any]], missing: list[list[str]]) -> None:
+    """PlacementError (and the actors stopped) when a built worker lacks declared methods."""
+    lacking = [f"the {name} worker has no {', '.join(m)}"
+               for (name, _, _), m in zip(actors, missing, strict=True) if m]
+    if lacking:
+        import ray
+
+        for _, actor, _ in actors:
+            ray.kill(actor)
+        raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.workers declares them)")
+
+
 def build_ray_workers(cfg: Config) -> Workers:
     """Actors for the rollout worker and the policy ranks (see the module docstring)."""
     p = cfg.placement
@@ -390,13 +426,15 @@ def build_ray_workers(cfg: Config) -> Workers:
     init_method = _await_start(actors, [a.rendezvous.remote() for _, a, _ in actors], "start", cfg)[1]
     # 2. every worker built (models loaded; policy ranks joined their process group)
     backend = p.backend if p.backend != "auto" else ("nccl" if p.policy.num_gpus > 0 else "gloo")
-    builds = [actors[0][1].build.remote(_build_rollout, cfg)]
+    builds = [actors[0][1].build.remote(_build_rollout, RolloutWorkerAPI, cfg)]
     for rank, (_, actor, _) in enumerate(actors[1:]):
         if world == 1:
-            builds.append(actor.build.remote(_build_policy, cfg))
+            builds.append(actor.build.remote(_build_policy, PolicyWorkerAPI, cfg))
         else:
-            builds.append(actor.build.remote(_build_policy_rank, cfg, rank, world, init_method, backend))
-    _await_start(actors, builds, "load its model", cfg)
+            builds.append(actor.build.remote(_build_policy_rank, PolicyWorkerAPI, cfg, rank, world,
+                                             init_method, backend))
+    missing = _await_start(actors, builds, "load its model", cfg)
+    check_api(actors, missing)
 
     tokenizer = load_tokenizer(cfg.model.path)
     d = cfg.data

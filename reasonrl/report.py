@@ -24,9 +24,7 @@ from pathlib import Path
 
 import yaml
 
-
-class ReportError(ValueError):
-    """A folder that is not a run directory, or a report that cannot be written."""
+from reasonrl.errors import ReportError
 
 
 @dataclass
@@ -363,7 +361,7 @@ def eval_table(run: Run) -> tuple[list[str], list[tuple[int, dict]]]:
             for t, m in sorted(run.metrics.items())]
     rows = [(t, m) for t, m in rows if m]
     first = ["eval/accuracy", "eval/reward_mean", "eval/response_length_mean", "eval/truncated_frac",
-             "eval/num_examples"]
+             "eval/num_prompts", "eval/num_examples"]
     seen = {k for _, m in rows for k in m}
     columns = [k for k in first if k in seen] + sorted(seen - set(first))
     return columns, rows

@@ -17,15 +17,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reasonrl.errors import MissingExtraError
+
 if TYPE_CHECKING:
     from reasonrl.config import TrackingConfig, WandbConfig
 
 # backend -> (module that must be importable, pip extra that installs it)
 EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
-
-
-class MissingExtraError(ImportError):
-    """A selected tracking backend whose optional dependency is not installed."""
 
 
 def missing_extra(backend: str) -> str | None:

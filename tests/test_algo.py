@@ -1,14 +1,12 @@
 """Hand-computed values for every formula in reasonrl.algo and the LR schedule."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from reasonrl.algo import (
-    ADVANTAGE_MODES,
-    LOSS_AGGREGATIONS,
-    RATIO_LEVELS,
     aggregate,
     clipped_policy_loss,
     group_advantages,
@@ -21,6 +19,7 @@ from reasonrl.algo import (
 )
 from reasonrl.config import AlgoConfig
 from reasonrl.policy.worker import lr_multiplier
+from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
 GROUP = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
@@ -102,14 +101,22 @@ def test_unknown_advantage_mode():
         group_advantages(REWARDS, GROUP, "ppo")
 
 
-def test_config_literals_match_the_algo_modes():
-    """The config's allowed values and the functions' modes are one list each."""
-    import typing
+def test_config_choices_are_the_registries():
+    """The config's allowed values and the functions that implement them are one list: a
+    value the registry lacks is refused at load time, every registered one is accepted."""
+    from reasonrl.config import load_config
+    from reasonrl.errors import ConfigError
 
-    hints = typing.get_type_hints(AlgoConfig)
-    assert typing.get_args(hints["advantage"]) == ADVANTAGE_MODES
-    assert typing.get_args(hints["loss_agg"]) == LOSS_AGGREGATIONS
-    assert typing.get_args(hints["ratio_level"]) == RATIO_LEVELS
+    for key, registry in (("advantage", ADVANTAGES), ("loss_agg", LOSS_AGGREGATIONS),
+                          ("ratio_level", RATIO_LEVELS)):
+        assert dataclasses.fields(AlgoConfig)[[f.name for f in dataclasses.fields(AlgoConfig)].index(key)] \
+            .metadata["choices"] is registry
+        for name in registry.names():
+            overrides = [f"algo.{key}={name}", "rollout.n=2", "trainer.batch_size=4"]
+            assert getattr(load_config(None, overrides).algo, key) == name
+        with pytest.raises(ConfigError, match=f"algo.{key}: 'nope' is not allowed; allowed values: "
+                           + ", ".join(registry.names())):
+            load_config(None, [f"algo.{key}=nope"])
 
 
 def test_informative_groups_drops_flat_groups_with_a_float_tolerance():
@@ -274,7 +281,7 @@ def test_dr_grpo_constant_normaliser():
         aggregate(PER_TOKEN, MASK, "seq_mean_token_sum_norm", 5, 2)
 
 
-@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS.names())
 def test_aggregation_split_sums_to_whole(mode):
     whole = aggregate(PER_TOKEN, MASK, mode, 5, 2, 4)
     # row 1 as its own micro-batch, padded only to its own length

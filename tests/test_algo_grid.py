@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import reasonrl.collect
 import reasonrl.placement
-import reasonrl.trainer
-from reasonrl.algo import ADVANTAGE_MODES, LOSS_AGGREGATIONS, RATIO_LEVELS, group_advantages, overlong_penalty
+from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
-from reasonrl.config import ConfigError, load_config
+from reasonrl.config import load_config
+from reasonrl.errors import ConfigError
+from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS
 from reasonrl.trainer import Trainer
 
 REPO_ROOT = Path(__file__).parent.parent
@@ -40,9 +42,15 @@ def length_rewards(texts, *args, **kwargs) -> Scores:
     return Scores(total=total, components={"correct": total})
 
 
+def step(trainer: Trainer):
+    """(metrics, rollouts, scores, advantages) of one step."""
+    metrics, batch, advantages = trainer.step()
+    return metrics, batch.rollouts, batch.scores, advantages
+
+
 def make_trainer(tmp_path, *overrides, rewards=length_rewards, monkeypatch=None) -> Trainer:
     cfg = load_config("configs/smoke.yaml", [f"trainer.output_dir={tmp_path}", *BASE, *overrides])
-    monkeypatch.setattr(reasonrl.trainer, "score_rollouts", rewards)
+    monkeypatch.setattr(reasonrl.collect, "score_rollouts", rewards)
     return Trainer(cfg)
 
 
@@ -53,18 +61,18 @@ def params(trainer):
 # ------------------------------------------------------------------------------ the grid
 
 
-@pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
-@pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS)
-@pytest.mark.parametrize("advantage", ADVANTAGE_MODES)
+@pytest.mark.parametrize("ratio_level", RATIO_LEVELS.names())
+@pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS.names())
+@pytest.mark.parametrize("advantage", ADVANTAGES.names())
 def test_every_combination_trains_two_steps(tmp_path, monkeypatch, advantage, loss_agg, ratio_level):
     trainer = make_trainer(tmp_path, f"algo.advantage={advantage}", f"algo.loss_agg={loss_agg}",
                            f"algo.ratio_level={ratio_level}", monkeypatch=monkeypatch)
-    h = trainer.policy.h
-    assert (h.loss_agg, h.ratio_level, h.max_response_length) == (loss_agg, ratio_level, 8)
+    s = trainer.policy.settings
+    assert (s.algo.loss_agg, s.algo.ratio_level, s.max_response_length) == (loss_agg, ratio_level, 8)
     before = params(trainer)
     moved = False
     for _ in range(2):
-        metrics, rollouts, scores, advantages = trainer.step()
+        metrics, rollouts, scores, advantages = step(trainer)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         # the advantages trained on are the configured formula of these rewards
         torch.testing.assert_close(advantages, group_advantages(scores.total, rollouts.group, advantage,
@@ -83,7 +91,7 @@ def test_kl_estimators_in_reward_or_loss(tmp_path, monkeypatch, estimator, kl_in
     trainer = make_trainer(tmp_path, "algo.advantage=raw", f"algo.beta={beta}",
                            f"algo.kl_estimator={estimator}", f"algo.kl_in={kl_in}", monkeypatch=monkeypatch)
     for _ in range(2):
-        metrics, rollouts, scores, advantages = trainer.step()
+        metrics, rollouts, scores, advantages = step(trainer)
     assert math.isfinite(metrics["train/kl"]) and metrics["train/kl"] != 0.0  # the policy moved
     if estimator != "k1":
         assert metrics["train/kl"] > 0
@@ -143,7 +151,7 @@ def test_dynamic_sampling_drops_flat_groups_and_resamples(tmp_path, monkeypatch)
     # want 4 groups: round 1 keeps 2 of 4, round 2 (2 prompts) keeps 1, round 3 (1 prompt) keeps 1
     fake = ScriptedRewards(["flat", "mixed", "flat", "mixed"], ["mixed", "flat"], ["mixed"])
     trainer = make_trainer(tmp_path, "algo.dynamic_sampling=true", rewards=fake, monkeypatch=monkeypatch)
-    metrics, rollouts, scores, advantages = trainer.step()
+    metrics, rollouts, scores, advantages = step(trainer)
     assert len(fake.calls) == 3
     assert metrics["rollout/dropped_groups"] == 3 and metrics["rollout/resample_rounds"] == 2
     assert metrics["rollout/groups"] == 4 and metrics["train/sequences"] == 8
@@ -163,7 +171,7 @@ def test_dynamic_sampling_stops_after_max_resample(tmp_path, monkeypatch):
     fake = ScriptedRewards(["mixed", "flat", "flat", "flat"], ["flat", "flat", "flat"])
     trainer = make_trainer(tmp_path, "algo.dynamic_sampling=true", "algo.max_resample=1", rewards=fake,
                            monkeypatch=monkeypatch)
-    metrics, rollouts, _, _ = trainer.step()
+    metrics, rollouts, _, _ = step(trainer)
     assert len(fake.calls) == 2  # the first round and one resample
     assert metrics["rollout/resample_rounds"] == 1 and metrics["rollout/dropped_groups"] == 6
     assert metrics["rollout/groups"] == 1 and len(rollouts) == 2 and metrics["train/sequences"] == 2
@@ -182,7 +190,7 @@ def test_dynamic_sampling_with_nothing_informative_makes_no_update(tmp_path, mon
 
 def test_without_dynamic_sampling_flat_groups_stay(tmp_path, monkeypatch):
     fake = ScriptedRewards(["flat", "mixed", "flat", "mixed"])
-    metrics, rollouts, _, _ = make_trainer(tmp_path, rewards=fake, monkeypatch=monkeypatch).step()
+    metrics, rollouts, _, _ = step(make_trainer(tmp_path, rewards=fake, monkeypatch=monkeypatch))
     assert len(fake.calls) == 1 and len(rollouts) == 8
     assert metrics["rollout/dropped_groups"] == 0 and metrics["reward/zero_std_groups"] == 2
 
@@ -198,7 +206,7 @@ def test_overlong_penalty_is_added_to_the_reward(tmp_path, monkeypatch):
     # raw advantages = the shaped reward = 0 + penalty; max_new_tokens 8, buffer 4
     trainer = make_trainer(tmp_path, "algo.advantage=raw", "algo.overlong_buffer=4",
                            "rollout.max_new_tokens=8", rewards=zero_rewards, monkeypatch=monkeypatch)
-    metrics, rollouts, _, advantages = trainer.step()
+    metrics, rollouts, _, advantages = step(trainer)
     expected = overlong_penalty(rollouts.completion_lengths, 8, 4)
     assert expected.min().item() == -1.0  # the random model runs to the budget
     torch.testing.assert_close(advantages, expected)
@@ -208,7 +216,7 @@ def test_overlong_penalty_is_added_to_the_reward(tmp_path, monkeypatch):
 
 def test_truncated_completions_can_be_masked_out_of_the_loss(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, "algo.mask_truncated=true", monkeypatch=monkeypatch)
-    metrics, rollouts, _, _ = trainer.step()
+    metrics, rollouts, _, _ = step(trainer)
     kept = (~rollouts.truncated).sum().item()
     assert rollouts.truncated.any()  # a random model rarely stops within 8 tokens
     assert metrics["train/sequences"] == kept
@@ -254,14 +262,15 @@ def test_n_equal_one_is_allowed_only_without_a_group_baseline():
                            "algo.dynamic_sampling=true"])
 
 
-def test_policy_hyper_carries_every_algo_key():
+def test_policy_settings_carry_the_config_sections():
+    from reasonrl.policy.worker import PolicySettings
+
     cfg = load_config(None, ["algo.clip_ratio_c=3", "algo.ratio_level=sequence", "algo.entropy_coef=0.01",
                              "algo.log_kl=true", "optim.ppo_epochs=2", "optim.mini_batches=4",
-                             "rollout.max_new_tokens=48", "algo.loss_agg=seq_mean_token_sum_norm"])
-    h = reasonrl.placement.policy_hyper(cfg)
-    assert (h.clip_ratio_c, h.ratio_level, h.entropy_coef, h.log_kl, h.ppo_epochs, h.mini_batches,
-            h.max_response_length, h.loss_agg) == (3.0, "sequence", 0.01, True, 2, 4, 48,
-                                                   "seq_mean_token_sum_norm")
+                             "rollout.max_new_tokens=48", "rollout.temperature=0.7", "trainer.steps=9"])
+    s = PolicySettings.from_config(cfg)
+    assert s.algo is cfg.algo and s.optim is cfg.optim  # every algo and optim key, by construction
+    assert (s.max_response_length, s.temperature, s.total_steps) == (48, 0.7, 9)
 
 
 def doc_recipes() -> list[list[str]]:

@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reasonrl.checkpoint import TrainingAborted, TrainingInterrupted, list_checkpoints
+from reasonrl.checkpoint import list_checkpoints
 from reasonrl.cli import main
-from reasonrl.config import ConfigError, load_config
+from reasonrl.config import load_config
+from reasonrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
 from reasonrl.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
@@ -135,7 +136,7 @@ def slow_step(self):
     if mode == "term" and self.step_count == 2:  # wait here for the parent's SIGTERM
         marker.write_text("step 2")
         deadline = time.time() + 120
-        while self.stop_signal is None and time.time() < deadline:
+        while self.stop.requested is None and time.time() < deadline:
             time.sleep(0.05)
     return out
 

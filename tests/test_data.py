@@ -14,7 +14,6 @@ from reasonrl.config import ArithmeticConfig, DataConfig
 from reasonrl.data import (
     DataError,
     PromptSampler,
-    _evaluate,
     arithmetic_examples,
     arithmetic_problem,
     load_examples,
@@ -23,6 +22,7 @@ from reasonrl.data import (
     render_prompt,
     take_per_source,
 )
+from reasonrl.data.arithmetic import _evaluate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_math.jsonl"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"

@@ -6,12 +6,13 @@ import json
 import pytest
 import torch
 import yaml
+from helpers import patch_entry
 from transformers import AutoModelForCausalLM
 
-from reasonrl import rewards
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.policy.model import load_model_and_tokenizer
+from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rollout import SamplingParams
 from reasonrl.trainer import Trainer
 
@@ -32,7 +33,7 @@ def test_smoke_run_writes_the_run_directory(tmp_path, capsys):
 
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]
-    assert lines[0]["eval/num_examples"] == 8.0
+    assert lines[0]["eval/num_prompts"] == 8.0
     for key in ("reward/mean", "reward/std", "reward/correct", "reward/accuracy", "advantage/mean",
                 "train/loss", "train/entropy", "train/clip_frac", "train/grad_norm", "train/lr",
                 "rollout/response_length_mean", "rollout/response_length_max",
@@ -83,7 +84,7 @@ def test_malformed_data_line_names_file_and_line(tmp_path, capsys):
     assert f"{data}:2" in err and "ground_truth" in err
 
 
-def test_policy_learns_a_trivial_reward(tmp_path):
+def test_policy_learns_a_trivial_reward(tmp_path, monkeypatch):
     """GRPO on the tiny model: reward = share of completion tokens that are one chosen token.
 
     The embeddings are scaled up so the random model's next-token distribution is peaked
@@ -106,13 +107,9 @@ def test_policy_learns_a_trivial_reward(tmp_path):
     def emits_target(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
         return min(completion.count(target) / 8, 1.0)
 
-    patched = {**rewards._COMPONENTS, "target": emits_target}
-    old, rewards._COMPONENTS = rewards._COMPONENTS, patched
-    try:
-        trainer.cfg.reward.weights = {"target": 1.0}
-        curve = [trainer.step()[0]["reward/mean"] for _ in range(12)]
-    finally:
-        rewards._COMPONENTS = old
+    patch_entry(monkeypatch, REWARD_COMPONENTS, "target", emits_target)
+    trainer.cfg.reward.weights = {"target": 1.0}
+    curve = [trainer.step()[0]["reward/mean"] for _ in range(12)]
     start, end = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert end > start + 0.4 and end > 0.6, curve
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import patch_entry
 
-import reasonrl.rewards as rewards
+from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rewards import (
-    REWARD_COMPONENTS,
     RewardResult,
     answer_present_reward,
     boxed_format_reward,
@@ -230,7 +230,7 @@ def test_boxed_and_answer_present(completion: str, boxed: float, present: float)
 
 
 def test_reward_components_and_make_reward_fn() -> None:
-    assert set(REWARD_COMPONENTS) == {"correct", "format", "boxed", "answer_present"}
+    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "boxed", "answer_present"}
     assert make_reward_fn("correct")("so 18", "18") == 1.0
     assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
     assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5
@@ -271,7 +271,7 @@ def test_score_counts_component_errors(monkeypatch: pytest.MonkeyPatch) -> None:
             raise RuntimeError("component bug")
         return 1.0
 
-    monkeypatch.setitem(rewards._COMPONENTS, "boxed", flaky)
+    patch_entry(monkeypatch, REWARD_COMPONENTS, "boxed", flaky)
     result = score(["ok 1", "boom", "boom 1"], ["1", "1", "1"], {"boxed": 0.5, "correct": 1.0})
     assert result.components["boxed"] == [1.0, 0.0, 0.0]
     assert result.components["correct"] == [1.0, 0.0, 1.0]

@@ -7,22 +7,12 @@ import copy
 import pytest
 import torch
 
+from reasonrl.accel.modules import growing_cache, transposed_linear_weights
 from reasonrl.batch import Example
-from reasonrl.rollout import (
-    CHECKSUM_SAMPLE,
-    RolloutWorker,
-    SamplingParams,
-    WeightSyncError,
-    make_engine,
-    weights_checksum,
-)
-from reasonrl.rollout.hf import (
-    HFEngine,
-    filter_logits,
-    growing_cache,
-    sample_tokens,
-    transposed_linear_weights,
-)
+from reasonrl.errors import WeightSyncError
+from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
+from reasonrl.rollout.hf import HFEngine, filter_logits, sample_tokens
+from reasonrl.weights import CHECKSUM_SAMPLE, weights_checksum
 
 MAX_NEW = 12
 EXAMPLES = [
@@ -438,5 +428,5 @@ def test_encode_at_the_limit_is_fine(tiny):
 def test_make_engine(tiny):
     model, tokenizer = tiny
     assert isinstance(make_engine("hf", model, tokenizer), HFEngine)
-    with pytest.raises(ValueError, match="rollout.engine: unknown engine 'vllm2'; allowed: hf, vllm"):
+    with pytest.raises(ValueError, match="rollout.engine: unknown value 'vllm2'; allowed: hf, vllm"):
         make_engine("vllm2", model, tokenizer)

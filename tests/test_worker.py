@@ -4,11 +4,12 @@ import copy
 
 import pytest
 import torch
+from helpers import policy_settings
 
 from reasonrl.algo import clipped_policy_loss
 from reasonrl.batch import TrainBatch
 from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyHyper, PolicyWorker, completion_logprobs, make_micro_batches
+from reasonrl.policy.worker import PolicyWorker, completion_logprobs, make_micro_batches
 
 PROMPTS = [[1, 5, 9, 11], [1, 7], [1, 5, 9, 11], [3, 4, 5, 6, 7, 8]]
 COMPLETIONS = [[20, 21, 2], [30], [40, 41, 42, 43, 44], [50, 51]]
@@ -82,7 +83,8 @@ def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, 
     later steps depend on earlier gradients only linearly (round-off stays round-off)."""
     model = copy.deepcopy(model)
     hyper = {"lr": 0.0, "max_grad_norm": 0.0, **hyper}
-    worker = PolicyWorker(model, pad_id=0, hyper=PolicyHyper(micro_batch_size=micro_batch_size, **hyper))
+    worker = PolicyWorker(model, pad_id=0,
+                          settings=policy_settings(micro_batch_size=micro_batch_size, **hyper))
     if worker.ref_model is not None:  # make the reference differ so the KL term has a gradient
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -332,20 +334,20 @@ def test_empty_loss_mask_skips_the_update(base_model):
 
 
 def test_reference_model_only_when_beta_positive(base_model):
-    assert PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(beta=0.0)).ref_model is None
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(beta=0.05))
+    assert PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.0)).ref_model is None
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.05))
     assert worker.ref_model is not None
     assert not any(p.requires_grad for p in worker.ref_model.parameters())
 
 
 def test_sequence_kl_is_zero_against_an_identical_reference(base_model):
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(beta=0.05, kl_estimator="k1"))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.05, kl_estimator="k1"))
     kl = worker.sequence_kl(PROMPTS, COMPLETIONS)
     assert kl.shape == (4,) and kl.abs().max().item() < 1e-6
 
 
 def test_update_moves_weights_and_zero_advantage_does_not(base_model):
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-3))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
     before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
     m = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, torch.zeros(4)))
     assert m["train/grad_norm"] == 0.0
@@ -362,7 +364,7 @@ def test_fused_adam_equals_the_default_adam(base_model):
     """The fused kernel is an implementation of the same AdamW update (to float rounding)."""
     models = []
     for fused in (True, False):
-        worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-3))
+        worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
         if not fused:  # the same optimizer with torch's default (foreach) implementation
             group = worker.optimizer.param_groups[0]
             worker.optimizer = torch.optim.AdamW(group["params"], lr=group["lr"], betas=group["betas"],
@@ -380,7 +382,7 @@ def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypat
     """reasonrl.policy.memory: the moments are views of one buffer each from the start (and
     again after loading a checkpoint's optimizer state); during an update the gradients are
     views of one buffer, dropped after the step."""
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-3))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
     params = [p for p in worker.model.parameters() if p.requires_grad]
 
     def storages(key):
@@ -401,7 +403,7 @@ def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypat
     moments = [worker.optimizer.state[p]["exp_avg"].clone() for p in params]
     assert any(m.abs().max() > 0 for m in moments)
 
-    other = PolicyWorker(copy.deepcopy(worker.model), 0, PolicyHyper(lr=1e-3))
+    other = PolicyWorker(copy.deepcopy(worker.model), 0, policy_settings(lr=1e-3))
     other.load_state_dict(copy.deepcopy(worker.state_dict()))  # as through a checkpoint file
     other_params = [p for p in other.model.parameters() if p.requires_grad]
     assert len({other.optimizer.state[p]["exp_avg"].untyped_storage().data_ptr() for p in other_params}) == 1
@@ -414,7 +416,7 @@ def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypat
 
 
 def test_higher_advantage_completion_becomes_more_likely(base_model):
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-2))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-2))
     mb = make_micro_batches(PROMPTS[:1], COMPLETIONS[:1], 1, 0)[0]
     with torch.no_grad():
         before = completion_logprobs(worker.model, mb)[0].sum().item()
@@ -426,7 +428,7 @@ def test_higher_advantage_completion_becomes_more_likely(base_model):
 
 
 def test_non_finite_loss_skips_the_update(base_model):
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=1e-2))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-2))
     before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
     m = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, torch.tensor([float("nan"), 1.0, 1.0, 1.0])))
     assert m["train/skipped_update"] == 1.0
@@ -434,7 +436,7 @@ def test_non_finite_loss_skips_the_update(base_model):
 
 
 def test_loss_mask_drops_rows(base_model):
-    worker = PolicyWorker(copy.deepcopy(base_model), 0, PolicyHyper(lr=0.0, max_grad_norm=0.0))
+    worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=0.0, max_grad_norm=0.0))
     m = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES,
                                      loss_mask=torch.tensor([True, False, True, False])))
     assert m["train/tokens"] == 3 + 5

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import torch
 
-ADVANTAGE_MODES = ("raw", "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp",
-                   "reinforce_pp_baseline")
-# Modes whose baseline comes from the other samples of the same prompt (need rollout.n >= 2).
-GROUP_ADVANTAGE_MODES = ("grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline")
+from reasonrl.registry import ADVANTAGES
 
 
 def _group_stats(rewards: torch.Tensor, group: torch.Tensor
@@ -40,47 +37,69 @@ def _batch_normalise(x: torch.Tensor, std_eps: float) -> torch.Tensor:
 
 def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
                      std_eps: float = 1e-4) -> torch.Tensor:
-    """Advantage of each completion, from its reward and the rewards around it.
+    """Advantage [N] of each completion under estimator `mode` (an `ADVANTAGES` entry), from
+    its reward and the rewards around it. Std is the unbiased estimate; a group (or batch)
+    whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
+    std_eps = 0 (where 0/0 would be NaN)."""
+    return ADVANTAGES.get(mode)(rewards.float(), group, std_eps)
 
-    - `raw`: A_i = r_i (REINFORCE without a baseline; Williams 1992).
-    - `grpo`: A_i = (r_i - mean(r_group)) / (std(r_group) + eps), the group-normalised
-      advantage of GRPO (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2).
-    - `grpo_no_std` and `dr_grpo` (the same numbers): A_i = r_i - mean(r_group). Dr. GRPO
-      (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783) drops the
-      std division, which favours too-easy and too-hard questions; its other half, no
-      length normalisation, is the loss aggregation `seq_mean_token_sum_norm`.
-    - `rloo`: A_i = r_i - mean_{j != i, j in group} r_j = G / (G - 1) * (r_i - mean(r_group)),
-      the leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a
-      Baseline for Free!"; Ahmadian et al. 2024, "Back to Basics", the RLOO estimator). A group of one
-      has no other sample: its advantage is 0.
-    - `reinforce_pp`: A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps): REINFORCE++
-      (Hu et al. 2025, arXiv:2501.03262, "global advantage normalization"): no per-prompt
-      baseline, one normalisation over the whole batch. (The paper whitens per token; with
-      one reward per completion and gamma = 1 we normalise per completion.)
-    - `reinforce_pp_baseline`: r_i - mean(r_group), then normalised over the batch as in
-      `reinforce_pp` (REINFORCE++ w/ baseline, same paper; OpenRLHF/verl
-      `reinforce_plus_plus_baseline`).
-    Std is the unbiased estimate. A group (or batch) whose rewards are all equal gets
-    advantage 0 in every mode but `raw`, also with std_eps = 0 (where 0/0 would be NaN).
-    """
-    rewards = rewards.float()
-    if mode == "raw":
-        return rewards.clone()
-    if mode == "reinforce_pp":
-        return _batch_normalise(rewards, std_eps)
-    count, mean, std = _group_stats(rewards, group)
-    centred = rewards - mean[group]
-    if mode == "grpo":
-        std = std[group]
-        return torch.where(std > 0, centred / (std + std_eps), torch.zeros_like(rewards))
-    if mode in ("grpo_no_std", "dr_grpo"):
-        return centred
-    if mode == "rloo":
-        g = count[group]
-        return torch.where(g > 1, centred * g / (g - 1).clamp(min=1), torch.zeros_like(rewards))
-    if mode == "reinforce_pp_baseline":
-        return _batch_normalise(centred, std_eps)
-    raise ValueError(f"unknown advantage mode {mode!r}; allowed: {', '.join(ADVANTAGE_MODES)}")
+
+@ADVANTAGES.register("raw", needs_groups=False)
+def raw(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = r_i: REINFORCE without a baseline (Williams 1992)."""
+    return rewards.clone()
+
+
+@ADVANTAGES.register("grpo", needs_groups=True)
+def grpo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): GRPO's group-normalised advantage
+    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
+    _, mean, std = _group_stats(rewards, group)
+    std = std[group]
+    return torch.where(std > 0, (rewards - mean[group]) / (std + std_eps), torch.zeros_like(rewards))
+
+
+@ADVANTAGES.register("grpo_no_std", needs_groups=True)
+def grpo_no_std(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = r_i - mean(r_group): the group mean as baseline, no std division."""
+    _, mean, _ = _group_stats(rewards, group)
+    return rewards - mean[group]
+
+
+@ADVANTAGES.register("dr_grpo", needs_groups=True)
+def dr_grpo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = r_i - mean(r_group), as `grpo_no_std`: Dr. GRPO (Liu et al. 2025, "Understanding
+    R1-Zero-Like Training", arXiv:2503.20783) drops the std division, which favours too-easy
+    and too-hard questions; its other half, no length normalisation, is the loss
+    aggregation `seq_mean_token_sum_norm`."""
+    return grpo_no_std(rewards, group, std_eps)
+
+
+@ADVANTAGES.register("rloo", needs_groups=True)
+def rloo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i, j in group} r_j = G / (G - 1) * (r_i - mean(r_group)): the
+    leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for
+    Free!"; Ahmadian et al. 2024, "Back to Basics", the RLOO estimator). A group of one has
+    no other sample: its advantage is 0."""
+    count, mean, _ = _group_stats(rewards, group)
+    g = count[group]
+    return torch.where(g > 1, (rewards - mean[group]) * g / (g - 1).clamp(min=1), torch.zeros_like(rewards))
+
+
+@ADVANTAGES.register("reinforce_pp", needs_groups=False)
+def reinforce_pp(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps): REINFORCE++ (Hu et al. 2025,
+    arXiv:2501.03262, "global advantage normalization"): no per-prompt baseline, one
+    normalisation over the whole batch. (The paper whitens per token; with one reward per
+    completion and gamma = 1 we normalise per completion.)"""
+    return _batch_normalise(rewards, std_eps)
+
+
+@ADVANTAGES.register("reinforce_pp_baseline", needs_groups=True)
+def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """r_i - mean(r_group), then normalised over the batch as in `reinforce_pp` (REINFORCE++
+    w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`)."""
+    return _batch_normalise(grpo_no_std(rewards, group, std_eps), std_eps)
 
 
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from reasonrl.registry import KL_ESTIMATORS
 
 
+@KL_ESTIMATORS.register("k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k1 = logp - ref_logp (Schulman 2020)."""
     return logp - ref_logp
 
 
+@KL_ESTIMATORS.register("k2")
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k2 = 0.5 * (logp - ref_logp)^2 (Schulman 2020)."""
     return 0.5 * (logp - ref_logp) ** 2
 
 
+@KL_ESTIMATORS.register("k3")
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 (Schulman 2020; DeepSeekMath eq. 4)."""
     log_ratio = ref_logp - logp
@@ -34,13 +37,8 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    if estimator == "k1":
-        return kl_k1(logp, ref_logp)
-    if estimator == "k2":
-        return kl_k2(logp, ref_logp)
-    if estimator == "k3":
-        return kl_k3(logp, ref_logp)
-    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+    """Per-token KL estimate with `estimator` (a `KL_ESTIMATORS` entry)."""
+    return KL_ESTIMATORS.get(estimator)(logp, ref_logp)
 
 
 def kl_penalised_rewards(rewards: torch.Tensor, kl_per_token: torch.Tensor, mask: torch.Tensor,

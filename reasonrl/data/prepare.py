@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 
 from reasonrl.config import CountdownConfig
-from reasonrl.data.readers import DataError, iter_records, write_records
+from reasonrl.data.readers import iter_records, write_records
+from reasonrl.errors import DataError
 from reasonrl.rewards.extract import extract_boxed
 from reasonrl.rewards.numeric import parse_number
 

@@ -18,9 +18,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-
-class DataError(ValueError):
-    """Bad task data; the message names the file, line and field."""
+from reasonrl.errors import DataError
 
 
 def _pyarrow():

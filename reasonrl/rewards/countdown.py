@@ -21,8 +21,9 @@ import re
 from collections import Counter
 from fractions import Fraction
 
+from reasonrl.errors import GroundTruthError
+from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer_tag, extract_boxed
-from reasonrl.rewards.numeric import GroundTruthError
 
 MAX_EQUATION_CHARS = 200  # bounds the parse and the walk: nothing longer is a sane equation
 _ALLOWED_RE = re.compile(r"[\d\s+\-*/()]+")
@@ -108,6 +109,9 @@ def evaluate_equation(equation: str) -> tuple[Fraction, list[int]] | None:
         return None
 
 
+@VERIFIERS.register(
+    "countdown", doc="Countdown: an expression over the given numbers that equals the target",
+    isolated=False, options={"format_score": "countdown_format_score"}, check=parse_countdown_truth)
 def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                      format_score: float = 0.1) -> dict[str, float]:
     """{"score", "format": the answer is a well-formed equation, "valid": it also uses only

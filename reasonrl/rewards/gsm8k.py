@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer, extract_last_number
 from reasonrl.rewards.numeric import numbers_equal, parse_ground_truth_number, parse_number
 
@@ -27,6 +28,9 @@ def extract_gsm8k_answer(text: str, fallback_last_number: bool = True) -> str | 
     return extract_last_number(text) if fallback_last_number else None
 
 
+@VERIFIERS.register(
+    "gsm8k", doc="GSM8K: numeric answer after ####, in \\boxed{}, <answer>, or the last number",
+    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number)
 def gsm8k_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                  fallback_last_number: bool = True) -> float:
     """1.0 if the completion's final number equals the ground truth, else 0.0."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 
+from reasonrl.errors import GroundTruthError
+from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer
-from reasonrl.rewards.numeric import GroundTruthError
 
 _parse_configs = None
 
@@ -41,6 +42,9 @@ def math_equal(answer: str, ground_truth: str) -> bool:
     return bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
 
 
+@VERIFIERS.register(
+    "math", doc="MATH: math-verify equivalence of the last \\boxed{} answer (process pool, timeout)",
+    isolated=True, options={"fallback_last_number": "fallback_last_number"})
 def math_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                 fallback_last_number: bool = True) -> dict[str, float]:
     """{"score": 1 if the extracted answer is equivalent to the ground truth, "answer_found": 0/1}."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+from reasonrl.errors import GroundTruthError
+from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
@@ -20,14 +22,6 @@ _DROP = ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "\\ ", "^{\\circ}", "^\\ci
 _NUM = r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _VALUE_RE = re.compile(rf"({_NUM})(?:\s*/\s*({_NUM}))?")
 _UNIT_CHARS = frozenset(".,'/()-")
-
-
-class GroundTruthError(ValueError):
-    """The ground truth does not parse as a number: a data bug, not a model error.
-
-    A subclass of ValueError so `score` can let it through while still catching (and
-    counting) every other exception a reward component raises.
-    """
 
 
 def _is_units(rest: str) -> bool:
@@ -103,15 +97,18 @@ def numeric_reward(completion: str, ground_truth: str, fallback_last_number: boo
     return 1.0 if value is not None and numbers_equal(value, truth) else 0.0
 
 
-def numeric_verifier(completion: str, ground_truth: str, extra_info: dict | None = None, *,
-                     fallback_last_number: bool = True) -> float:
-    """`numeric_reward` with the verifier signature (task "numeric", the default)."""
-    return numeric_reward(completion, ground_truth, fallback_last_number)
-
-
 def parse_ground_truth_number(ground_truth: str) -> float:
     """The ground truth as a float, or GroundTruthError."""
     truth = parse_number(ground_truth)
     if truth is None:
         raise GroundTruthError(f"ground truth {ground_truth!r} does not parse as a number")
     return truth
+
+
+@VERIFIERS.register(
+    "numeric", doc="the extracted answer equals the ground-truth number (the default; arithmetic)",
+    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number)
+def numeric_verifier(completion: str, ground_truth: str, extra_info: dict | None = None, *,
+                     fallback_last_number: bool = True) -> float:
+    """`numeric_reward` with the verifier signature (task "numeric", the default)."""
+    return numeric_reward(completion, ground_truth, fallback_last_number)

@@ -25,8 +25,10 @@ import operator
 import re
 from fractions import Fraction
 
+from reasonrl.errors import GroundTruthError
+from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer
-from reasonrl.rewards.numeric import GroundTruthError, numbers_equal, parse_number
+from reasonrl.rewards.numeric import numbers_equal, parse_number
 
 WEIGHTS = {"boundary_pos": 0.1, "boundary_neg": 0.1, "equation_a": 0.1, "equation_b": 0.1,
            "a_value": 0.05, "b_value": 0.05, "answer": 0.5}
@@ -102,6 +104,9 @@ def _equations(text: str):
                     yield lhs, rhs
 
 
+@VERIFIERS.register(
+    "piecewise", doc="Transparent GRPO's piecewise-continuity toy problem, with partial credit",
+    isolated=False, check=parse_piecewise_truth)
 def piecewise_reward(completion: str, ground_truth: str, extra_info: dict | None = None) -> dict[str, float]:
     """Weighted partial credits (`WEIGHTS`) as "score", and each credit (0/1) as a part."""
     k, a_true, b_true = parse_piecewise_truth(ground_truth)

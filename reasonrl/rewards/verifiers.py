@@ -26,29 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TASKS: dict[str, str] = {
-    "numeric": "the extracted answer equals the ground-truth number (the default; arithmetic)",
-    "gsm8k": "GSM8K: numeric answer after ####, in \\boxed{}, <answer>, or the last number",
-    "math": "MATH: math-verify equivalence of the last \\boxed{} answer (process pool, timeout)",
-    "countdown": "Countdown: an expression over the given numbers that equals the target",
-    "piecewise": "Transparent GRPO's piecewise-continuity toy problem, with partial credit",
-}
+from reasonrl.registry import VERIFIERS
 
-# task -> (target function, run in a worker process with reward.timeout?)
-_TARGETS: dict[str, tuple[str, bool]] = {
-    "numeric": ("reasonrl.rewards.numeric:numeric_verifier", False),
-    "gsm8k": ("reasonrl.rewards.gsm8k:gsm8k_reward", False),
-    "math": ("reasonrl.rewards.math_equiv:math_reward", True),
-    "countdown": ("reasonrl.rewards.countdown:countdown_reward", False),
-    "piecewise": ("reasonrl.rewards.piecewise:piecewise_reward", False),
-}
-
+# The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
+# names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
+# the verifier's keyword -> the RewardConfig field it comes from; `check`: reads a ground
+# truth, raising GroundTruthError when it cannot (run on every example before training).
 
 @dataclass(frozen=True)
 class Verifier:
     """How `correct` is computed: the function, its options, and where it runs."""
 
-    task: str  # a TASKS name, or "custom"
+    task: str  # a VERIFIERS name, or "custom"
     target: str  # "module:function" or "path/to/file.py:function"
     options: tuple[tuple[str, Any], ...] = ()
     isolated: bool = False  # True: a worker process with a hard per-sample timeout
@@ -75,14 +64,10 @@ def make_verifier(task: str, cfg) -> Verifier:
     common = {"timeout": cfg.timeout, "workers": cfg.num_workers}
     if task == "custom":
         return Verifier("custom", cfg.fn, (), cfg.isolate_fn, **common)
-    if task not in _TARGETS:
-        raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
-    target, isolated = _TARGETS[task]
-    options: dict[str, Any] = {}
-    if task in ("numeric", "gsm8k", "math"):
-        options["fallback_last_number"] = cfg.fallback_last_number
-    if task == "countdown":
-        options["format_score"] = cfg.countdown_format_score
+    entry = VERIFIERS[task]
+    target = f"{entry.fn.__module__}:{entry.fn.__name__}"
+    isolated = entry.info["isolated"]
+    options = {kw: getattr(cfg, field) for kw, field in entry.info.get("options", {}).items()}
     return Verifier(task, target, tuple(sorted(options.items())), isolated, **common)
 
 

@@ -57,7 +57,7 @@ def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group: the trainer finishes its step
     # (scoring included) and saves, so the worker must not die of it. It exits on stdin EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from reasonrl.rewards.numeric import GroundTruthError
+    from reasonrl.errors import GroundTruthError
     from reasonrl.rewards.verifiers import load_target
 
     for line in sys.stdin:

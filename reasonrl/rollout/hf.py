@@ -9,10 +9,9 @@ Works on any causal LM transformers loads, on CPU and GPU. What it does that
   the rows still decoding; the loop ends when every row has hit EOS.
 - Sampling draws one uniform number per row and inverts the cumulative distribution
   (`sample_tokens`), instead of `torch.multinomial`'s vocabulary-sized exponential draw.
-- On CPU the linear layers decode with a transposed copy of their weights, made at the
-  start of each `generate` call and dropped at its end: small-batch matrix products
-  `x @ W.T` run ~2.5x faster when `W.T` is contiguous (bench/roofline.py); the policy's own
-  parameters are untouched.
+- The decoder itself comes from `reasonrl.accel` (`rollout.hf_decoder`): a lean
+  Llama-family forward, with or without MKL-packed weights, or the transformers modules;
+  `auto` measures them on this machine and keeps the fastest.
 
 When the engine shares the policy's model object (colocated in one process, the default),
 `load_weights` recognises the shared storage and copies nothing; given another model it
@@ -21,17 +20,13 @@ copies the tensors in.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
-from torch import nn
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from reasonrl.policy.memory import release_free_memory
-from reasonrl.rollout import Generation, SamplingParams, weights_checksum
-from reasonrl.rollout.llama import LeanLlama, unsupported_reason
+from reasonrl import accel
+from reasonrl.rollout.base import Generation, SamplingParams
+from reasonrl.weights import weights_checksum
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -67,148 +62,33 @@ def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return index.clamp_(max=logits.size(-1) - 1)  # u * total rounding up onto the last edge
 
 
-@contextlib.contextmanager
-def transposed_linear_weights(model: nn.Module) -> Iterator[None]:
-    """Within the block every `nn.Linear` of `model` computes with a column-major copy of its
-    weight (same values, `W.t().contiguous().t()`), which the CPU's GEMM reads much faster at
-    decode's small batch sizes; the original parameters are put back on exit. Weights tied
-    between modules share one copy."""
-    swapped: list[tuple[nn.Linear, nn.Parameter]] = []
-    copies: dict[int, nn.Parameter] = {}
-    try:
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, nn.Linear) and module.weight.dim() == 2:
-                    w = module.weight
-                    if id(w) not in copies:
-                        copies[id(w)] = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
-                    swapped.append((module, w))
-                    module.weight = copies[id(w)]
-        yield
-    finally:
-        for module, w in swapped:
-            module.weight = w
-
-
-class GrowingLayer(DynamicLayer):
-    """A KV-cache layer that appends into preallocated room for `reserve` more tokens:
-    transformers' DynamicLayer concatenates the whole cache at every step (a copy of all
-    keys and values per token: ~20% of a CPU decode step at 32 x 250 tokens). `keys` and
-    `values` are views of the room's filled part."""
-
-    room: tuple[torch.Tensor, torch.Tensor] | None = None  # key and value buffers with spare length
-
-    def __init__(self, reserve: int):
-        super().__init__()
-        self.reserve = reserve
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length, new = self.get_seq_length(), key_states.shape[-2]
-        if self.room is None or length + new > self.room[0].shape[-2]:
-            shape = (*key_states.shape[:-2], length + new + self.reserve, key_states.shape[-1])
-            room = (key_states.new_empty(shape), value_states.new_empty(shape))
-            if length:
-                room[0][..., :length, :] = self.keys
-                room[1][..., :length, :] = self.values
-            self.room = room
-        self.room[0][..., length: length + new, :] = key_states
-        self.room[1][..., length: length + new, :] = value_states
-        self.keys = self.room[0][..., : length + new, :]
-        self.values = self.room[1][..., : length + new, :]
-        return self.keys, self.values
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self.room = None  # the next update moves the compact result into a new room
-
-    def batch_select_indices(self, indices) -> None:
-        super().batch_select_indices(indices)
-        self.room = None
-
-
-def growing_cache(config, reserve: int) -> DynamicCache:
-    """The model's DynamicCache with `GrowingLayer`s in place of its plain DynamicLayers."""
-    cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer(reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
-
-
-class ModulesDecoder:
-    """Decoding through the transformers modules (any causal LM), with the same interface as
-    `reasonrl.rollout.llama.LeanLlama`: `prefill`, `repeat`, `select`, `step`."""
-
-    def __init__(self, model, max_new_tokens: int):
-        self.model = model
-        self.cache = growing_cache(model.config, max_new_tokens)
-        self.mask: torch.Tensor | None = None  # [B, columns]: 1 = a real token
-        self.positions: torch.Tensor | None = None  # [B, 1] the next token's position
-
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.mask, self.positions = mask, mask.sum(1, keepdim=True)
-        return out.logits[:, -1]
-
-    def repeat(self, n: int) -> None:
-        self.cache.batch_repeat_interleave(n)
-        self.mask = self.mask.repeat_interleave(n, 0)
-        self.positions = self.positions.repeat_interleave(n, 0)
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.mask, self.positions = self.mask[rows], self.positions[rows]
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.size(0), 1)], dim=1)
-        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.mask, position_ids=self.positions,
-                         past_key_values=self.cache, use_cache=True)
-        self.positions = self.positions + 1
-        return out.logits[:, -1]
-
-
 class HFEngine:
-    """`lean`: decode Llama-family models with `reasonrl.rollout.llama.LeanLlama` (same
-    mathematics, fewer and larger operations); other models, or `lean=False`, run the
-    transformers modules (`ModulesDecoder`)."""
+    """Generation with the transformers model (any causal LM, CPU or GPU). `decoder` is
+    `rollout.hf_decoder`: `auto` (the fastest measured here), `lean_mkl`, `lean` or
+    `modules` (`reasonrl.accel.decode`)."""
 
-    def __init__(self, model, tokenizer, lean: bool = True):
+    def __init__(self, model, tokenizer, decoder: str = "auto"):
         self.model, self.tokenizer = model, tokenizer
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
-        self.want_lean = lean
+        self.requested = decoder
+        self.last_path: str | None = None  # the decoder of the latest call (for metrics/tests)
 
-    @property
-    def lean_off_reason(self) -> str | None:
-        """Why this call decodes through the transformers modules (None: it uses LeanLlama);
-        checked per call, since hooks or adapters may come after the engine."""
-        return unsupported_reason(self.model) if self.want_lean else "rollout.hf_lean=false"
-
-    @property
-    def lean(self) -> bool:
-        return self.lean_off_reason is None
+    def decode_path(self, rows: int = 0) -> tuple[str, str | None]:
+        """(decoder for a call of `rows` rows, why not the requested one): checked per call,
+        since hooks or adapters may come after the engine."""
+        return accel.choose(self.model, self.requested, rows)
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation:
-        device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
-        lean = self.lean
-        # the lean decoder makes its own weight copies; the modules path decodes with
-        # transposed copies swapped in on CPU (see the module docstring)
-        cpu_modules = not lean and device.type == "cpu"
-        layout = transposed_linear_weights(self.model) if cpu_modules else contextlib.nullcontext()
         try:
-            with layout:
-                rows = self._decode(prompt_ids, params, device, lean)
+            rows = self._decode(prompt_ids, params)
         finally:
             self.model.train(was_training)
-        if device.type == "cpu":  # the decoder's weight copies are gone: give their pages back
-            release_free_memory()
         # greedy samples of a prompt are all the same: each prompt was decoded once
         copies = params.n if params.greedy else 1
         completions, truncated = [], []
@@ -218,9 +98,9 @@ class HFEngine:
         return Generation(completion_ids=completions, truncated=truncated)
 
     @torch.inference_mode()
-    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams, device: torch.device,
-                lean: bool) -> list[tuple[list[int], bool]]:
+    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[tuple[list[int], bool]]:
         """(completion ids up to and including EOS, ended with EOS) per row, prompt-major."""
+        device = next(self.model.parameters()).device
         samples = 1 if params.greedy else params.n
         width = max(len(p) for p in prompt_ids)
         # Left padding: every prompt ends at the same column, so decoding steps are batched.
@@ -230,10 +110,12 @@ class HFEngine:
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        if lean:
-            decoder = LeanLlama(self.model, width + params.max_new_tokens)
-        else:
-            decoder = ModulesDecoder(self.model, params.max_new_tokens)
+        self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
+        with accel.decoder(self.model, width, params.max_new_tokens, self.last_path) as decoder:
+            return self._sample(decoder, ids, mask, params, samples, device)
+
+    def _sample(self, decoder: accel.Decoder, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
+                samples: int, device: torch.device) -> list[tuple[list[int], bool]]:
         logits = decoder.prefill(ids, mask)
         if samples > 1:  # every sample of a prompt continues from the prompt's one prefill
             decoder.repeat(samples)
@@ -282,3 +164,12 @@ class HFEngine:
 
     def weights_checksum(self) -> float:
         return weights_checksum(self.model.named_parameters())
+
+    def probe_ids(self, push: int) -> list[int] | None:
+        return None  # the checksum reads the very tensors the model computes with
+
+    def check_probe(self, expected: torch.Tensor, when: str) -> float:
+        raise NotImplementedError("the HF engine is verified by checksum alone (probe_ids is None)")
+
+    def close(self) -> None:
+        """Nothing of its own to free: the model belongs to the policy (or to the worker)."""

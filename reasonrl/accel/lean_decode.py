@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reasonrl.policy.kernels import rms_norm
+from reasonrl.accel.kernels import rms_norm
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -89,11 +89,11 @@ class _Matrix:
     - GPU, and every call with more rows than packed (the prefill): `F.linear` with W itself.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block: int = 512):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block: int = 512, mkl: bool = True):
         self.weight = weight.detach()  # [out, in]
         self.out_features, self.bias = self.weight.size(0), bias
         cpu = self.weight.device.type == "cpu"
-        self.packable = cpu and self.weight.dtype == torch.float32 and mkl_packing()
+        self.packable = mkl and cpu and self.weight.dtype == torch.float32 and mkl_packing()
         self.packed: torch.Tensor | None = None
         self.rows = 0
         self.block = block if cpu and not self.packable and self.out_features > 1024 else 0
@@ -138,25 +138,25 @@ class _Matrix:
         return out.view(*shape, self.out_features)
 
 
-def _matrix(*linears: nn.Linear, block: int = 512) -> _Matrix:
+def _matrix(*linears: nn.Linear, block: int = 512, mkl: bool = True) -> _Matrix:
     """The projections' weights stacked along the output (q, k, v -> qkv) as one `_Matrix`."""
     weight = torch.cat([m.weight.detach() for m in linears]) if len(linears) > 1 else linears[0].weight
     bias = None
     if any(m.bias is not None for m in linears):
         bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
                           for m in linears])
-    return _Matrix(weight, bias, block)
+    return _Matrix(weight, bias, block, mkl)
 
 
 class _Layer:
     """One decoder layer's weights in the fused layout (copies: the model is untouched)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, mkl: bool = True):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _matrix(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.o = _matrix(attn.o_proj)
-        self.gate_up = _matrix(mlp.gate_proj, mlp.up_proj)
-        self.down = _matrix(mlp.down_proj)
+        self.qkv = _matrix(attn.q_proj, attn.k_proj, attn.v_proj, mkl=mkl)
+        self.o = _matrix(attn.o_proj, mkl=mkl)
+        self.gate_up = _matrix(mlp.gate_proj, mlp.up_proj, mkl=mkl)
+        self.down = _matrix(mlp.down_proj, mkl=mkl)
         self.norm1, self.eps1 = layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon
         self.norm2 = layer.post_attention_layernorm.weight.detach()
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
@@ -200,12 +200,12 @@ class LeanLlama:
     row and returns the next logits [B, V]; `select(rows)` keeps only those rows.
     """
 
-    def __init__(self, model, max_len: int):
+    def __init__(self, model, max_len: int, mkl: bool = True):
         config, inner = model.config, model.model
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, mkl) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight.detach()
         self.norm, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
-        self.head = _matrix(model.get_output_embeddings(), block=256)
+        self.head = _matrix(model.get_output_embeddings(), block=256, mkl=mkl)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads

@@ -1,5 +1,12 @@
-"""The lean decode path (reasonrl.rollout.llama) and the lean training kernels
-(reasonrl.policy.kernels): each against the transformers code it replaces."""
+"""reasonrl.accel, the CPU fast paths: the lean decoder (with and without MKL packing), the
+modules decoder, the calibration that picks one, the lean training kernels and the memory
+layout, each against the transformers / torch code it replaces. A transformers upgrade
+that changes the internals these paths rely on fails here (and only here).
+
+Tolerances: the fast paths compute the same sums in another order. For a float32 dot product
+of n terms the reordering error is at most ~n * eps * sum|terms| (eps = 6e-8); the tiny
+model's products have n <= 192 terms of size <= ~1, so logits agree to ~1e-5, and the
+48-term random products of the matrix-layout test (sum|terms| <= ~40) to ~1e-4."""
 
 from __future__ import annotations
 
@@ -10,16 +17,28 @@ import pytest
 import torch
 from torch import nn
 
-from reasonrl.policy.kernels import (
+from reasonrl.accel import calibrate
+from reasonrl.accel import lean_decode as llama
+from reasonrl.accel.kernels import (
     RMSNormFunction,
     SwiGLUDownFunction,
     SwiGLUFunction,
     apply_lean_kernels,
 )
+from reasonrl.accel.lean_decode import LeanLlama, _Matrix, unsupported_reason
+from reasonrl.accel.modules import ModulesDecoder
 from reasonrl.policy.worker import completion_logprobs, make_micro_batches
 from reasonrl.rollout import SamplingParams
-from reasonrl.rollout.hf import HFEngine, ModulesDecoder
-from reasonrl.rollout.llama import LeanLlama, _Matrix, unsupported_reason
+from reasonrl.rollout.hf import HFEngine
+
+MKL = llama.mkl_packing()
+needs_mkl = pytest.mark.skipif(not MKL, reason="this torch has no MKL packed GEMM (not an x86 MKL build)")
+
+
+@pytest.fixture(autouse=True)
+def calibration_home(tmp_path, monkeypatch):
+    """Each test calibrates into its own $REASONRL_HOME/calibration.json."""
+    monkeypatch.setattr(calibrate, "cache_file", lambda: tmp_path / "calibration.json")
 
 
 def tiny_qwen2(tokenizer, seed: int = 0):
@@ -53,8 +72,11 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [100, 200, 300, 400, 500, 600, 700]]
 # ------------------------------------------------------------------ the lean decoder
 
 
+@pytest.mark.parametrize("mkl", [pytest.param(True, marks=needs_mkl), False])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch):
+def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch, mkl):
+    """Both lean paths, MKL-packed and plain (the path of a machine without MKL: ARM, macOS),
+    against the transformers modules, through prefill, repeat, select and steps."""
     model, tokenizer = tiny
     model = model if arch == "llama" else tiny_qwen2(tokenizer)
     model.eval()
@@ -63,7 +85,8 @@ def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch):
     steps = [torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([7, 8, 9, 10, 11, 12]),
              torch.tensor([13, 14, 15])]
     with torch.inference_mode():
-        ref, lean = ModulesDecoder(model, 8), LeanLlama(model, ids.size(1) + 8)
+        ref, lean = ModulesDecoder(model, 8), LeanLlama(model, ids.size(1) + 8, mkl=mkl)
+        assert lean.head.packable is mkl
         torch.testing.assert_close(lean.prefill(ids, mask), ref.prefill(ids, mask), atol=1e-5, rtol=1e-5)
         ref.repeat(2)
         lean.repeat(2)
@@ -75,19 +98,22 @@ def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch):
             torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
 
 
-def test_lean_and_modules_engines_sample_the_same_tokens(tiny):
+def test_every_decoder_samples_the_same_tokens(tiny):
+    """The three decoders of the HF engine draw the same completions from the same seed."""
     model, tokenizer = tiny
     out = {}
-    for lean in (True, False):
-        engine = HFEngine(model, tokenizer, lean=lean)
-        assert engine.lean is lean
+    for path in ("lean_mkl", "lean", "modules") if MKL else ("lean", "modules"):
+        engine = HFEngine(model, tokenizer, decoder=path)
+        assert engine.decode_path(6) == (path, None)
         torch.manual_seed(3)
-        out[lean] = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=10, temperature=1.0))
-    assert out[True].completion_ids == out[False].completion_ids
-    assert out[True].truncated == out[False].truncated
+        out[path] = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=10, temperature=1.0))
+        assert engine.last_path == path
+    first = next(iter(out.values()))
+    for gen in out.values():
+        assert gen.completion_ids == first.completion_ids and gen.truncated == first.truncated
 
 
-def test_unsupported_models_fall_back_with_a_reason(tiny):
+def test_unsupported_models_fall_back_with_a_reason(tiny, monkeypatch):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from reasonrl.policy.lora import apply_lora
@@ -99,10 +125,15 @@ def test_unsupported_models_fall_back_with_a_reason(tiny):
     assert "qwen3" in unsupported_reason(qwen3)
     wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)
     assert "LoRA" in unsupported_reason(wrapped)
-    engine = HFEngine(wrapped, tokenizer)
-    assert not engine.lean and "LoRA" in engine.lean_off_reason
+    path, why = HFEngine(wrapped, tokenizer, decoder="lean").decode_path()
+    assert path == "modules" and "LoRA" in why
+    engine = HFEngine(wrapped, tokenizer)  # auto: only the modules can run it
     assert engine.generate([[5, 6]], SamplingParams(n=2, max_new_tokens=3)).completion_ids  # still decodes
-    assert HFEngine(model, tokenizer, lean=False).lean_off_reason == "rollout.hf_lean=false"
+    assert engine.last_path == "modules"
+    monkeypatch.setattr(llama, "mkl_packing", lambda: False)  # a machine without MKL
+    assert HFEngine(model, tokenizer, decoder="lean_mkl").decode_path() == (
+        "lean", "lean_mkl: this torch has no MKL packed GEMM (not an x86 MKL build)")
+    assert HFEngine(model, tokenizer, decoder="modules").decode_path() == ("modules", None)
 
 
 def test_forward_hooks_send_decoding_through_the_modules(tiny):
@@ -110,15 +141,66 @@ def test_forward_hooks_send_decoding_through_the_modules(tiny):
     modules, checked at each call (the hook may come after the engine)."""
     model, tokenizer = tiny
     model = copy.deepcopy(model)
-    engine = HFEngine(model, tokenizer)
-    assert engine.lean
+    engine = HFEngine(model, tokenizer, decoder="lean")
+    assert engine.decode_path() == ("lean", None)
     calls = []
     handle = model.lm_head.register_forward_hook(lambda *_: calls.append(1))
-    assert engine.lean_off_reason == "forward hooks on lm_head"
+    assert engine.decode_path() == ("modules", "lean: forward hooks on lm_head")
     engine.generate([[5, 6]], SamplingParams(n=1, max_new_tokens=3, greedy=True))
-    assert calls
+    assert calls and engine.last_path == "modules"
     handle.remove()
-    assert engine.lean
+    assert engine.decode_path() == ("lean", None)
+
+
+# ------------------------------------------------------------------ choosing a decoder by measurement
+
+
+def test_auto_picks_the_fastest_measured_decoder_and_caches_it(tiny, monkeypatch, capsys):
+    """`auto` times every decoder that can run the model, keeps the fastest, and reads the
+    answer from the cache afterwards (no second measurement); the run's random stream is
+    untouched by the measurement."""
+    model, tokenizer = tiny
+    seconds = {"lean_mkl": 0.03, "lean": 0.02, "modules": 0.01}  # modules fastest on this "machine"
+    timed = []
+    monkeypatch.setattr(calibrate, "step_seconds",
+                        lambda m, path, rows: timed.append((path, rows)) or seconds[path])
+    engine = HFEngine(model, tokenizer)
+    assert engine.decode_path(24) == ("modules", None)
+    assert sorted(p for p, _ in timed) == sorted(p for p in seconds if p != "lean_mkl" or MKL)
+    assert {rows for _, rows in timed} == {24}
+    assert "-> modules" in capsys.readouterr().out
+    timed.clear()
+    assert engine.decode_path(17) == ("modules", None) and timed == []  # 17 and 24 rows: the bucket of 32
+    assert engine.decode_path(40)[0] == "modules" and timed  # 64 rows: a new measurement
+    entry = calibrate._read()[calibrate.calibration_key(model, 24)]
+    assert entry["fastest"] == "modules" and set(entry["seconds"]) <= set(seconds)
+
+
+def test_auto_is_never_slower_than_the_modules_here(tiny):
+    """The real measurement, on this machine: the decoder `auto` keeps is the fastest measured,
+    so never slower than the transformers modules (`bench/rollout.py` shows it at full size)."""
+    model, _ = tiny
+    state = torch.get_rng_state()
+    entry = calibrate.measure(model.eval(), 8)
+    assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is untouched
+    assert "modules" in entry["seconds"] and "lean" in entry["seconds"]
+    assert ("lean_mkl" in entry["seconds"]) is MKL
+    assert entry["seconds"][entry["fastest"]] == min(entry["seconds"].values()) <= entry["seconds"]["modules"]
+
+
+def test_calibration_key_names_the_machine_and_the_shapes(tiny):
+    model, _ = tiny
+    key = calibrate.calibration_key(model, 24)
+    assert calibrate.cpu_model() in key and torch.__version__ in key and "rows 32" in key
+    assert "h64 l2" in key and "torch.float32" in key
+    assert calibrate.calibration_key(model, 32) == key != calibrate.calibration_key(model, 33)
+
+
+def test_a_broken_cache_file_is_measured_again(tiny, tmp_path):
+    model, _ = tiny
+    calibrate.cache_file().write_text("{not json")
+    assert calibrate.fastest(model, 4) in calibrate.CANDIDATES
+    assert calibrate.calibration_key(model, 4) in calibrate._read()
 
 
 @pytest.mark.parametrize("out_features,block", [(1500, 512), (2048, 256), (300, 512)])
@@ -127,14 +209,11 @@ def test_matrix_layouts_compute_x_at_w_transposed(monkeypatch, out_features, blo
     """Every layout computes x @ W.T + b (+ residual): MKL-packed for a number of rows (fewer
     rows padded; more rows through F.linear), or without MKL the [in, out] copy or, for
     wide outputs, column blocks."""
-    import reasonrl.rollout.llama as llama
-
-    if packing and not llama.mkl_packing():
+    if packing and not MKL:
         pytest.skip("this torch has no MKL packed GEMM")
-    monkeypatch.setattr(llama, "mkl_packing", lambda: packing)
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(out_features, 48, generator=g), torch.randn(out_features, generator=g)
-    m = _Matrix(weight, bias, block)
+    m = _Matrix(weight, bias, block, mkl=packing)
     assert m.packable is packing
     assert bool(m.block) == (not packing and out_features > 1024)  # wide outputs in column blocks
     m.pack(6)
@@ -285,7 +364,7 @@ def test_lean_kernels_with_lora_same_gradient(tiny):
 def saved_bytes(model, monkeypatch) -> int:
     """Bytes of activations autograd keeps for one micro-batch (parameters excluded): what
     the training forward's saved-tensor hook (`recompute_norm_outputs`) keeps as tensors."""
-    from reasonrl.policy import kernels
+    from reasonrl.accel import kernels
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -330,32 +409,54 @@ def test_saved_model_keeps_the_standard_attention(tiny, tmp_path):
 
 
 def test_config_switches_reach_the_engine_and_the_worker(tiny):
-    """`rollout.hf_lean` and `optim.lean_kernels`, as the README documents them."""
+    """`rollout.hf_decoder` and `optim.lean_kernels`, as the docs describe them."""
     from reasonrl.config import RolloutConfig, load_config
-    from reasonrl.placement import policy_hyper
-    from reasonrl.policy.worker import PolicyWorker
+    from reasonrl.policy.worker import PolicySettings, PolicyWorker
     from reasonrl.rollout import make_engine
 
     model, tokenizer = tiny
-    assert make_engine("hf", model, tokenizer, RolloutConfig()).lean
-    off = make_engine("hf", model, tokenizer, RolloutConfig(hf_lean=False))
-    assert not off.lean and off.lean_off_reason == "rollout.hf_lean=false"
+    for path in ("lean", "modules"):
+        engine = make_engine("hf", model, tokenizer, RolloutConfig(hf_decoder=path))
+        assert engine.decode_path() == (path, None)
     for value, expected in (("true", ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]), ("false", [])):
         cfg = load_config(None, ["model.path=tiny", f"optim.lean_kernels={value}"])
-        worker = PolicyWorker(copy.deepcopy(model), 0, policy_hyper(cfg))
+        worker = PolicyWorker(copy.deepcopy(model), 0, PolicySettings.from_config(cfg))
         assert worker.kernels == expected
 
 
 def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):
+    from helpers import policy_settings
+
+    from reasonrl.accel import memory
     from reasonrl.batch import TrainBatch
-    from reasonrl.policy import memory
-    from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+    from reasonrl.policy.worker import PolicyWorker
 
     assert memory.release_free_memory() is True  # glibc: malloc_trim is there
     calls = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
     model, _ = tiny
-    worker = PolicyWorker(copy.deepcopy(model), 0, PolicyHyper(micro_batch_size=2))
+    worker = PolicyWorker(copy.deepcopy(model), 0, policy_settings(micro_batch_size=2))
     prompt_ids, completion_ids = rows()  # 6 rows: 3 micro-batches of 2
     worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.randn(6)))
     assert len(calls) == 3
+
+
+def test_without_glibc_memory_release_is_a_no_op(monkeypatch):
+    """macOS and musl have no malloc_trim: the call says so and changes nothing."""
+    from reasonrl.accel import memory
+
+    monkeypatch.setattr(memory, "_libc", lambda: None)
+    assert memory.release_free_memory() is False
+
+
+def test_fsdp_shards_and_mixed_dtypes_keep_torch_s_own_tensors(tiny):
+    """The flat buffers only for plain parameters of one dtype: otherwise the plain path."""
+    from reasonrl.accel import TrainingAccel
+
+    model = copy.deepcopy(tiny[0])
+    model.lm_head.weight.data = model.lm_head.weight.data.clone()  # untie, then make it bf16
+    model.model.embed_tokens.to(torch.bfloat16)
+    accel_ = TrainingAccel(model, kernels=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accel_.attach(optimizer)
+    assert not accel_.flat and accel_.gradients() is None and accel_.kernels == []

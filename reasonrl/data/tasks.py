@@ -1,0 +1,75 @@
+"""The `data.task` registry: where a run's training and held-out examples come from.
+
+Each entry is fn(data_config, seed) -> (train, held_out). `generated`: the task makes its own
+problems from the seed (so `reasonrl eval --data NAME` can use its held-out split).
+"""
+
+from __future__ import annotations
+
+from reasonrl.batch import Example
+from reasonrl.config import DataConfig
+from reasonrl.data.arithmetic import arithmetic_examples
+from reasonrl.data.countdown import countdown_examples
+from reasonrl.data.files import load_files
+from reasonrl.data.piecewise import piecewise_examples
+from reasonrl.errors import DataError
+from reasonrl.registry import DATA_TASKS
+
+
+@DATA_TASKS.register("arithmetic", generated=True)
+def arithmetic(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """seeded `a + b` problems (data.arithmetic)"""
+    return arithmetic_examples(cfg.arithmetic, seed)
+
+
+@DATA_TASKS.register("file", generated=False)
+def files(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """data.train_path / data.val_path: JSONL, JSON, Parquet or `datasets` folders"""
+    held_out = load_files(cfg.val_path, cfg.fields) if cfg.val_path else []
+    return load_files(cfg.train_path, cfg.fields), held_out
+
+
+DATA_TASKS.register("jsonl", generated=False, doc="the same as file")(files)
+
+
+@DATA_TASKS.register("countdown", generated=True)
+def countdown(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """seeded Countdown problems (data.countdown)"""
+    return countdown_examples(cfg.countdown, seed)
+
+
+@DATA_TASKS.register("piecewise", generated=True)
+def piecewise(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """Transparent GRPO's piecewise problem and its variants (data.piecewise)"""
+    return piecewise_examples(cfg.piecewise, seed)
+
+
+def load_examples(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, held_out) for the configured task; held_out may be empty."""
+    train, held_out = DATA_TASKS.get(cfg.task)(cfg, seed)
+    if not train:
+        raise DataError("the training set is empty")
+    if cfg.val_size:
+        held_out = take_per_source(held_out, cfg.val_size)
+    return train, held_out
+
+
+def take_per_source(examples: list[Example], count: int) -> list[Example]:
+    """At most `count` examples, shared evenly between data sources (round robin, each
+    source in file order), so capping a mixed validation set keeps every source in it.
+    With one source this is simply the first `count`."""
+    by_source: dict[str, list[Example]] = {}
+    for e in examples:
+        by_source.setdefault(e.data_source, []).append(e)
+    if len(by_source) == 1:
+        return examples[:count]
+    queues = [iter(v) for v in by_source.values()]
+    taken: list[Example] = []
+    while queues and len(taken) < count:
+        for q in list(queues):
+            e = next(q, None)
+            if e is None:
+                queues.remove(q)
+            elif len(taken) < count:
+                taken.append(e)
+    return taken

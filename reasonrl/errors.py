@@ -1,0 +1,66 @@
+"""Every error reasonrl raises on purpose, in one place at the bottom of the package.
+
+Each names what the user can act on: the config key, the file and line, the worker, the
+extra to install. The command line turns them into one line and exit code 2 (a user
+error), never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A bad key or value in the configuration; the message names the key path."""
+
+
+class DataError(ValueError):
+    """Bad task data; the message names the file, line and field."""
+
+
+class GroundTruthError(ValueError):
+    """A ground truth a verifier cannot read: a data bug, not a model error.
+
+    A subclass of ValueError so reward scoring can let it through while still catching (and
+    counting) every other exception a reward component raises.
+    """
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message says what to do."""
+
+
+class MissingExtraError(ImportError):
+    """A selected option whose optional dependency (a pip extra) is not installed."""
+
+
+class WeightSyncError(RuntimeError):
+    """The rollout engine does not serve the policy's weights after a push."""
+
+
+class PlacementError(RuntimeError):
+    """A worker could not be placed, or did not answer in time; the message names the
+    worker, what it was doing and the resources it asks for."""
+
+
+class ReportError(ValueError):
+    """A folder that is not a run directory, or a report that cannot be written."""
+
+
+class TrainingAborted(RuntimeError):
+    """Training cannot usefully continue (e.g. the loss keeps being non-finite)."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT / SIGTERM stopped the run; `checkpoint` is where it can resume from (or None)."""
+
+    def __init__(self, signal_name: str, run_dir: Path, checkpoint: Path | None, step: int,
+                 exit_code: int):
+        self.signal_name, self.run_dir, self.checkpoint = signal_name, run_dir, checkpoint
+        self.step, self.exit_code = step, exit_code
+        if checkpoint is None:
+            where = "no checkpoint was written yet; the run must start again"
+        else:
+            where = (f"checkpoint {checkpoint}; resume with: "
+                     f"reasonrl train --resume {run_dir}")
+        super().__init__(f"stopped by {signal_name} after step {step}: {where}")

@@ -1,0 +1,62 @@
+"""What a training step reports besides the update's own `train/` metrics: the batch's
+`reward/`, `advantage/` and `rollout/` statistics and the process's peak GPU memory."""
+
+from __future__ import annotations
+
+import torch
+
+from reasonrl.algo import zero_variance_groups
+from reasonrl.batch import StepBatch
+
+
+def batch_metrics(batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
+    """reward/, advantage/ and rollout/ metrics of the batch that is trained on. Tokens per
+    second count every generated token, dropped resampled groups included."""
+    rollouts, scores = batch.rollouts, batch.scores
+    lengths = rollouts.completion_lengths
+    stats = dict(batch.stats)
+    generated = stats.pop("rollout/generated_tokens", lengths.sum().item())
+    metrics = {
+        "reward/mean": scores.total.mean().item(),
+        "reward/std": scores.total.std().item() if len(scores.total) > 1 else 0.0,
+        "reward/errors": float(scores.errors),
+        "reward/timeouts": float(scores.timeouts),
+        "reward/zero_std_groups": float(zero_variance_groups(scores.total, rollouts.group)),
+        "advantage/mean": advantages.mean().item(),
+        "advantage/std": advantages.std().item() if len(advantages) > 1 else 0.0,
+        "advantage/min": advantages.min().item(),
+        "advantage/max": advantages.max().item(),
+        "rollout/response_length_mean": lengths.mean().item(),
+        "rollout/response_length_max": lengths.max().item(),
+        "rollout/truncated_frac": rollouts.truncated.float().mean().item(),
+        "rollout/tokens_per_s": generated / max(batch.seconds.get("rollout", 0.0), 1e-9),
+        **stats,
+    }
+    for name, values in scores.components.items():
+        metrics[f"reward/{name}"] = values.mean().item()
+    if "correct" in scores.components:
+        # solved = full marks: partial credit (countdown's format score) is not accuracy
+        metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
+    return metrics
+
+
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def reset_gpu_peak() -> None:
+    """Start a new peak for `gpu_memory_metrics` (nothing when this process uses no GPU)."""
+    if _cuda_in_use():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+def gpu_memory_metrics() -> dict[str, float]:
+    """`mem/` metrics: the peak GPU memory of this process since `reset_gpu_peak`, in GiB,
+    summed over its GPUs (tensors allocated, and what PyTorch's caching allocator reserved).
+    Empty when this process uses no GPU (a CPU run, or ray mode: the workers are elsewhere)."""
+    if not _cuda_in_use():
+        return {}
+    count, gib = torch.cuda.device_count(), float(2 ** 30)
+    return {"mem/gpu_peak_allocated_gib": sum(torch.cuda.max_memory_allocated(i) for i in range(count)) / gib,
+            "mem/gpu_peak_reserved_gib": sum(torch.cuda.max_memory_reserved(i) for i in range(count)) / gib}

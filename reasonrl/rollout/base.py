@@ -1,0 +1,60 @@
+"""What every rollout engine takes and gives, and the protocol it implements.
+
+An engine only maps token ids to token ids (`generate`), accepts new weights
+(`load_weights`), reports a checksum of the weights it serves, may ask for a probe to
+verify a push, and frees what it holds (`close`). Everything else (prompt rendering,
+decoding, bookkeeping) is the `RolloutWorker`'s, so every engine yields identical
+`Rollouts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 64
+    greedy: bool = False  # argmax decoding (evaluation)
+
+
+@dataclass
+class Generation:
+    """Engine output: for each prompt, `n` completions (ids up to and including EOS)."""
+
+    completion_ids: list[list[int]]  # N = len(prompts) * n rows, prompt-major
+    truncated: list[bool]  # row ended at max_new_tokens without EOS
+    logprobs: list[torch.Tensor] | None = None  # sampler's per-token log-probs, if known
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def weights_checksum(self) -> float:
+        """`reasonrl.weights.weights_checksum` of the weights the engine generates with."""
+        ...
+
+    def probe_ids(self, push: int) -> list[int] | None:
+        """Token ids whose log-probs must match the policy's after push number `push`
+        (1-based), or None: the checksum covers all this engine computes with."""
+        ...
+
+    def check_probe(self, expected: torch.Tensor, when: str) -> float:
+        """Max |engine - expected| over the probe's log-probs; `WeightSyncError` above the
+        engine's tolerance."""
+        ...
+
+    def close(self) -> None:
+        """Free the engine's memory and process state; the engine is unusable after."""
+        ...

@@ -1,0 +1,79 @@
+"""The two worker APIs the trainer (and the evaluation) call, declared.
+
+`PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks) and `RolloutWorker`
+(reasonrl.rollout.worker) implement them as plain objects. `reasonrl.placement` hands the
+trainer either those objects (local mode) or Ray proxies built from these protocols, method
+by method (ray mode): a method missing from a worker fails when its actor starts, not when
+the trainer first calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from reasonrl.batch import Example, Rollouts, TrainBatch
+from reasonrl.rollout.base import SamplingParams
+
+
+class PolicyWorkerAPI(Protocol):
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """The optimizer steps of one training step; `train/` metrics."""
+        ...
+
+    def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
+        """[N] the summed per-token KL to the reference model (KL in the reward)."""
+        ...
+
+    def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                      temperature: float = 1.0) -> list[torch.Tensor]:
+        """Per-token entropies of each completion (evaluation)."""
+        ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The weights a rollout engine serves, by HF name (LoRA: merged)."""
+        ...
+
+    def weights_checksum(self) -> float: ...
+
+    def probe_logprobs(self, ids: list[int]) -> torch.Tensor: ...
+
+    def save_pretrained(self, path: Path, tokenizer=None) -> None: ...
+
+    def save_adapter(self, path: Path) -> bool: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RolloutWorkerAPI(Protocol):
+    def encode(self, example: Example) -> list[int]:
+        """The prompt's token ids (DataError when it is longer than allowed)."""
+        ...
+
+    def rollout(self, examples: list[Example], params: SamplingParams) -> Rollouts: ...
+
+    def probe_due(self) -> list[int] | None: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
+                     expected_checksum: float | None = None,
+                     expected_probe: torch.Tensor | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def api_methods(api: type) -> tuple[str, ...]:
+    """The public methods a protocol declares."""
+    return tuple(sorted(n for n, v in vars(api).items() if callable(v) and not n.startswith("_")))
+
+
+def missing_methods(worker: object, api: type) -> list[str]:
+    return [name for name in api_methods(api) if not callable(getattr(worker, name, None))]
