@@ -55,8 +55,10 @@ bench: venv
 	$(BIN)/python bench/roofline.py
 	$(BIN)/python bench/vs_trl.py $(ARGS)
 
+# ruff, then the import contracts of pyproject.toml (the package is a DAG of layers)
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -22,8 +22,13 @@ def run_cli(tmp_path, *overrides):
                  "trainer.run_name=r", "trainer.progress=false", *overrides])
 
 
-def test_smoke_run_writes_the_run_directory(tmp_path, capsys):
+def test_smoke_run_writes_the_run_directory(tmp_path, capsys, monkeypatch):
+    from reasonrl.rollout.hf import HFEngine
+
+    closed = []
+    monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))
     assert run_cli(tmp_path) == 0
+    assert len(closed) == 1  # the run's engine was freed at the end
     run = tmp_path / "r"
     out = capsys.readouterr().out
     assert "held-out accuracy before training" in out and "before ->" in out

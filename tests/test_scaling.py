@@ -471,6 +471,57 @@ def test_a_worker_asking_for_a_missing_resource_fails_within_the_timeout(ray_ses
     assert ray_session.available_resources().get("CPU", 0) == 4
 
 
+def test_proxies_are_the_declared_worker_apis_and_the_workers_implement_them():
+    """The Ray proxies have exactly the protocols' methods (no attribute forwarding that would
+    let a renamed method fail mid-run), and every worker class implements its protocol."""
+    from reasonrl.placement import RemotePolicy, RemoteRollout
+    from reasonrl.policy.parallel import RankPolicyWorker
+    from reasonrl.policy.worker import PolicyWorker
+    from reasonrl.rollout import RolloutEngine, RolloutWorker
+    from reasonrl.rollout.hf import HFEngine
+    from reasonrl.rollout.vllm import VLLMEngine
+    from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
+
+    for proxy, api in ((RemotePolicy, PolicyWorkerAPI), (RemoteRollout, RolloutWorkerAPI)):
+        public = {n for n in dir(proxy) if not n.startswith("_") and callable(getattr(proxy, n))}
+        assert public == set(api_methods(api))
+        assert "__getattr__" not in vars(proxy) and "__getattr__" not in vars(proxy.__mro__[1])
+    assert "close" in api_methods(PolicyWorkerAPI) and "close" in api_methods(RolloutWorkerAPI)
+    for worker, api in ((PolicyWorker, PolicyWorkerAPI), (RankPolicyWorker, PolicyWorkerAPI),
+                        (RolloutWorker, RolloutWorkerAPI), (HFEngine, RolloutEngine),
+                        (VLLMEngine, RolloutEngine)):
+        assert missing_methods(worker, api) == [], worker
+
+
+def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_session, tmp_path, monkeypatch):
+    import reasonrl.placement as placement
+    from reasonrl.errors import PlacementError
+
+    def rollout_without_close(cfg):  # a local function: Ray ships it to the actor by value
+        class NoClose:
+            def encode(self, example):
+                return [1]
+
+            def rollout(self, examples, params):
+                raise NotImplementedError
+
+            def probe_due(self):
+                return None
+
+            def load_weights(self, named_tensors, version=None, expected_checksum=None, expected_probe=None):
+                pass
+
+        return NoClose()
+
+    monkeypatch.setattr(placement, "_build_rollout", rollout_without_close)
+    with pytest.raises(PlacementError, match=r"ray: the rollout worker has no close \(reasonrl.workers"):
+        placement.build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray"))
+    deadline = time.time() + 10  # the actors were killed: their CPUs come back
+    while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("CPU", 0) == 4
+
+
 def test_lora_in_ray_mode_matches_local_and_checkpoints_through_the_actor(ray_session, tmp_path):
     """LoRA with the policy in an actor: merged weights go actor to actor (checksum-checked),
     the adapter and merged folders come back to the trainer's machine; the metrics of 2 steps
