@@ -96,6 +96,12 @@ def test_reinforce_pp_baseline_centres_per_group_then_normalises_over_the_batch(
     assert adv[0].item() == pytest.approx(0.5 / (math.sqrt(1 / 7) + 0.1))
 
 
+def test_reinforce_baseline_subtracts_the_batch_mean():
+    # mean of REWARDS = (1 + 0 + 0 + 1 + 2 * 4) / 8 = 1.25, whatever the groups
+    expected = [-0.25, -1.25, -1.25, -0.25, 0.75, 0.75, 0.75, 0.75]
+    assert group_advantages(REWARDS, GROUP, "reinforce_baseline").tolist() == expected
+
+
 def test_unknown_advantage_mode():
     with pytest.raises(ValueError, match="allowed: raw, grpo, grpo_no_std, dr_grpo, rloo"):
         group_advantages(REWARDS, GROUP, "ppo")

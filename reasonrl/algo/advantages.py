@@ -86,6 +86,14 @@ def rloo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Te
     return torch.where(g > 1, (rewards - mean[group]) * g / (g - 1).clamp(min=1), torch.zeros_like(rewards))
 
 
+@ADVANTAGES.register("reinforce_baseline", needs_groups=False)
+def reinforce_baseline(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """A_i = r_i - mean(r_batch): REINFORCE with the batch's mean reward as the baseline
+    (Williams 1992, "Simple Statistical Gradient-Following Algorithms", sec. 4, the
+    reinforcement baseline b); no per-prompt groups needed, no normalisation."""
+    return rewards - rewards.mean()
+
+
 @ADVANTAGES.register("reinforce_pp", needs_groups=False)
 def reinforce_pp(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
     """A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps): REINFORCE++ (Hu et al. 2025,
