@@ -1,4 +1,8 @@
-"""Rollout engines side by side: the HF (transformers) engine against vLLM.
+"""Rollout engines side by side: the HF (transformers) engine, each of its decoders, and vLLM.
+
+Engines: `hf` is the HF engine as a run uses it (`rollout.hf_decoder=auto`: the decoder
+measured fastest on this machine, `reasonrl.accel.calibrate`); `hf-lean-mkl`, `hf-lean` and
+`hf-modules` force one decoder each (`lean_mkl`, `lean`, `modules`); `vllm`.
 
 For each engine, in its own process (so peak RSS is the engine's own), prints:
 - start-up: model load, and for vLLM `import vllm` and the engine's start (writing the
@@ -10,8 +14,8 @@ For each engine, in its own process (so peak RSS is the engine's own), prints:
 - for vLLM, |engine - policy| over the sampled tokens' log-probs (policy: fp32 forward);
 - peak RSS of the process.
 
-Usage: `python bench/rollout.py [--model tiny|PATH] [--engines hf,hf-modules,vllm] [--prompts 8 --n 4
---tokens 128] [--threads 2]`. Default: the embedded SmolLM2-135M-Instruct, 8 x 4 x 128 (the
+Usage: `python bench/rollout.py [--model tiny|PATH] [--engines hf,hf-lean-mkl,hf-lean,hf-modules,vllm]
+[--prompts 8 --n 4 --tokens 128] [--threads 2]`. Default: the embedded SmolLM2-135M-Instruct, 8 x 4 x 128 (the
 issue's "32 x 128"). The load average is printed with the figures: run it on an idle machine.
 """
 
@@ -29,6 +33,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+DECODERS = {"hf-lean-mkl": "lean_mkl", "hf-lean": "lean", "hf-modules": "modules"}  # hf: auto
 QUESTIONS = [f"What is {a} + {b}? Explain briefly." for a, b in
              [(3, 4), (12, 7), (25, 17), (9, 9), (40, 2), (11, 30), (6, 13), (18, 5),
               (2, 2), (33, 44), (7, 8), (19, 0), (5, 15), (14, 14), (21, 3), (1, 38)]]
@@ -41,7 +46,7 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
     from reasonrl.config import RolloutConfig
     from reasonrl.data import render_prompt
     from reasonrl.policy.model import load_model_and_tokenizer
-    from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+    from reasonrl.policy.worker import PolicySettings, PolicyWorker
     from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
@@ -54,14 +59,13 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
         import vllm  # noqa: F401
 
         out["import_s"] = time.perf_counter() - t
-    options = RolloutConfig()
+    options = RolloutConfig(hf_decoder=DECODERS.get(engine_name, "auto"))
     options.vllm.enforce_eager = not args.compiled
-    options.hf_lean = engine_name != "hf-modules"  # hf-modules: the HF engine through transformers' modules
     t = time.perf_counter()
-    engine = make_engine("hf" if engine_name == "hf-modules" else engine_name, model, tokenizer, options,
+    engine = make_engine("hf" if engine_name.startswith("hf") else engine_name, model, tokenizer, options,
                          args.threads)
     out["engine_start_s"] = time.perf_counter() - t
-    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicyHyper())
+    policy = PolicyWorker(model, tokenizer.pad_token_id, PolicySettings())
     worker = RolloutWorker(engine, tokenizer)
 
     questions = (QUESTIONS * (args.prompts // len(QUESTIONS) + 1))[: args.prompts]
@@ -80,6 +84,8 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
         tokens.append(count)
     out.update(tokens_per_s=statistics.median(rates), tokens_per_call=statistics.median(tokens),
                truncated_frac=sum(gen.truncated) / len(gen.truncated))
+    if hasattr(engine, "last_path"):
+        out["decoder"] = engine.last_path
     if gen.logprobs is not None:
         rows = [p for p in prompts for _ in range(args.n)]
         expected = policy.row_logprobs(model, rows, gen.completion_ids)
@@ -110,7 +116,8 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="'' = embedded SmolLM2-135M-Instruct, tiny, or an HF folder")
-    ap.add_argument("--engines", default="hf,vllm", help="of hf, hf-modules (rollout.hf_lean=false), vllm")
+    ap.add_argument("--engines", default="hf,vllm",
+                    help="of hf (auto decoder), hf-lean-mkl, hf-lean, hf-modules, vllm")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
@@ -141,8 +148,12 @@ def main() -> int:
         results.append(result)
         print(f"[bench] {name}: {json.dumps(result)}", flush=True)
     print(f"[bench] load average after: {os.getloadavg()}")
+    from reasonrl.accel.calibrate import cpu_model
+
+    print(f"[bench] CPU: {cpu_model()}, {os.cpu_count()} cores")
     print(f"\n{args.prompts} prompts x {args.n} samples x up to {args.tokens} tokens, T=1, "
           f"model {args.model or 'SmolLM2-135M-Instruct'}, fp32")
+    print(f"{'decoder':20}" + "".join(f"{r.get('decoder', '-'):>14}" for r in results))
     keys = ["threads", "tokens_per_s", "tokens_per_call", "truncated_frac", "load_model_s", "import_s",
             "engine_start_s", "sync_s", "push_only_s", "logprob_diff_mean", "logprob_diff_max",
             "peak_rss_gib", "process_s"]

@@ -75,8 +75,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from reasonrl.batch import TrainBatch
+    from reasonrl.config import OptimConfig
     from reasonrl.policy.model import load_model_and_tokenizer
-    from reasonrl.policy.worker import PolicyHyper, PolicyWorker
+    from reasonrl.policy.worker import PolicySettings, PolicyWorker
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.hf import HFEngine
 
@@ -111,7 +112,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     flops = model_flops(model.config, args.batch, args.prompt, args.tokens)
     worker = PolicyWorker(model, tokenizer.pad_token_id,
-                          PolicyHyper(lr=1e-7, micro_batch_size=args.micro_batch))
+                          PolicySettings(optim=OptimConfig(lr=1e-7, micro_batch_size=args.micro_batch)))
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = [torch.randint(0, vocab, (args.prompt,), generator=generator).tolist()

@@ -186,8 +186,11 @@ def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
 
     trainer.step = timed_step
     trainer.fit()
+    import reasonrl
+
     return {"steps": records, "peak_rss_gib": peak_rss_gib(),
-            "settings": {"engine": engine, "gradient_checkpointing": False, "loss_agg": "token"}}
+            "settings": {"engine": engine, "gradient_checkpointing": False, "loss_agg": "token",
+                         "code": str(Path(reasonrl.__file__).parent.parent)}}
 
 
 # ---- the orchestrator -------------------------------------------------------------------
@@ -202,10 +205,11 @@ def setup() -> None:
     print(f"[bench] TRL environment ready: {TRL_VENV}", flush=True)
 
 
-def side(python: str, args: list[str]) -> dict:
-    """Run one side in a fresh process; its last stdout line is the JSON result."""
+def side(python: str, args: list[str], code: Path = REPO) -> dict:
+    """Run one side in a fresh process (reasonrl imported from `code`); its last stdout line is
+    the JSON result."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+           "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([python, str(Path(__file__).resolve()), *args], env=env, text=True,
                           capture_output=True)
     if proc.returncode != 0:
@@ -232,8 +236,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three setups")
     parser.add_argument("--engine", default="hf", help="reasonrl's rollout engine (hf or vllm)")
-    parser.add_argument("--only", choices=["reasonrl", "reasonrl-vllm", "trl-matched", "trl-defaults"],
+    parser.add_argument("--only", choices=["reasonrl", "reasonrl-vllm", "reasonrl-base", "trl-matched",
+                                           "trl-defaults"],
                         action="append", help="run only these setups (repeatable)")
+    parser.add_argument("--base", metavar="FOLDER",
+                        help="another checkout of reasonrl (e.g. `git worktree add /tmp/base <commit>`): "
+                             "adds the setup reasonrl-base, the same work with that code, to compare "
+                             "two versions in one run")
     parser.add_argument("--keep-first", action="store_true",
                         help="count each run's first step (warm-up) in the statistics")
     parser.add_argument("--side", choices=["trl", "trl-matched", "reasonrl"], help=argparse.SUPPRESS)
@@ -257,22 +266,30 @@ def main() -> None:
     import importlib.util
 
     vllm = ["reasonrl-vllm"] if args.engine != "vllm" and importlib.util.find_spec("vllm") else []
-    wanted = args.only or ["reasonrl", *vllm, "trl-matched", "trl-defaults"]
+    base = ["reasonrl-base"] if args.base else []
+    wanted = args.only or ["reasonrl", *base, *vllm, "trl-matched", "trl-defaults"]
+    if "reasonrl-base" in wanted and not args.base:
+        raise SystemExit("[bench] reasonrl-base needs --base FOLDER (a checkout of the code to compare)")
     if any(w.startswith("trl") for w in wanted) and not Path(trl_python).exists():
         raise SystemExit(f"[bench] no TRL environment: run `python {Path(__file__).name} --setup` first")
     setups = {"reasonrl": (sys.executable, ["--side", "reasonrl", "--engine", args.engine]),
+              "reasonrl-base": (sys.executable, ["--side", "reasonrl", "--engine", args.engine]),
               "reasonrl-vllm": (sys.executable, ["--side", "reasonrl", "--engine", "vllm"]),
               "trl-matched": (trl_python, ["--side", "trl-matched"]),
               "trl-defaults": (trl_python, ["--side", "trl"])}
     results: dict[str, list[dict]] = {w: [] for w in wanted}
-    print(f"[bench] {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x "
+    from reasonrl.accel.calibrate import cpu_model
+
+    print(f"[bench] {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
+          f"{args.rounds} rounds x "
           f"{args.steps} steps of {WORK['prompts']} prompts x {WORK['n']} samples, <= "
           f"{WORK['max_new_tokens']} new tokens; model {model_dir}", flush=True)
     for r in range(args.rounds):
         for name in wanted:
             python, extra = setups[name]
             t = time.perf_counter()
-            out = side(python, [*extra, "--steps", str(args.steps), "--model-dir", model_dir])
+            code = Path(args.base).resolve() if name == "reasonrl-base" else REPO
+            out = side(python, [*extra, "--steps", str(args.steps), "--model-dir", model_dir], code)
             results[name].append(out)
             times = ", ".join(f"{s['step']:.1f}" for s in out["steps"])
             print(f"[bench] round {r + 1} {name:12s}: steps {times} s; "
@@ -292,7 +309,7 @@ def main() -> None:
               f"{s['load']:5.2f} {s['rss']:8.2f}")
     by = {s["name"]: s for s in rows}
     for ours in ("reasonrl", "reasonrl-vllm"):
-        for other in ("trl-matched", "trl-defaults"):
+        for other in ("reasonrl-base", "trl-matched", "trl-defaults"):
             if ours in by and other in by:
                 a, o = by[ours], by[other]
                 print(f"{ours} / {other}: step time {a['median'] / o['median']:.2f}x, "
