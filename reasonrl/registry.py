@@ -96,3 +96,4 @@ DATA_TASKS = Registry("data.task", "reasonrl.data.tasks")
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
     "numeric", "gsm8k", "math_equiv", "countdown", "piecewise")))
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components")
+TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
