@@ -73,26 +73,75 @@ class Example:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One model turn of an episode and what the environment made of it (logs and the report)."""
+
+    model: str  # the model's text of this turn (decoded from the ids it sampled)
+    call: str | None = None  # the tool call the environment read in it ("calculator: 347 * 29"), if any
+    observation: str | None = None  # the environment's answer as text; None: it gave none (the episode ended)
+    error: str | None = None  # what failed: the tool call's error, or the environment's own
+    reward: float | None = None  # the environment's reward for this turn, if it gave one
+
+
 @dataclass
 class Rollouts(Rows):
-    """G completions for each of B prompts, flattened to N = B * G rows, group-major."""
+    """G completions for each of B prompts, flattened to N = B * G rows, group-major.
+
+    A row is an episode: its completion is one flat id sequence after the prompt, the model's
+    turns and the environment's observations in order, with `token_mask` 1 exactly on the
+    ids the model sampled. A single-turn row is the one-turn case: every id is the model's.
+    """
 
     prompt_ids: list[list[int]]  # the prompt's token ids (no padding), per row
-    completion_ids: list[list[int]]  # generated ids up to and including EOS, per row
-    texts: list[str]  # completion text, special tokens removed
+    completion_ids: list[list[int]]  # after the prompt: model turns (up to and including EOS) + observations
+    texts: list[str]  # the model's last turn, special tokens removed: what the reward scores
     group: torch.Tensor  # [N] long: which prompt (0..B-1) the row answers
-    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+    truncated: torch.Tensor  # [N] bool: cut by a limit (max_new_tokens; multi-turn: env.max_turns, ...)
     examples: list[Example]  # per row (the same object repeated within a group)
-    sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs, if any
+    sampler_logprobs: list[torch.Tensor] | None = None  # engine's log-probs per completion id (0 on env ids)
     # the policy step whose weights generated these rows (merged batches keep the oldest)
     policy_version: int = field(default=0, metadata={"merge": min})
+    # per row, aligned with completion_ids: 1 on the model's sampled ids, 0 on the environment's
+    # (None at construction: all ones, a single-turn row)
+    token_mask: list[list[int]] | None = None
+    turns: list[list[Turn]] | None = None  # per row, the episode's turns (None: one turn, the text)
+    num_turns: torch.Tensor | None = None  # [N] long: model turns (None: ones)
+    tool_calls: torch.Tensor | None = None  # [N] long: tool calls the environment ran (None: zeros)
+    tool_errors: torch.Tensor | None = None  # [N] long: of those, calls that failed (timeouts included)
+    tool_timeouts: torch.Tensor | None = None  # [N] long: of those, calls the tool's timeout ended
+    env_errors: torch.Tensor | None = None  # [N] long: environment steps that raised, hung or answered badly
+    env_timeouts: torch.Tensor | None = None  # [N] long: of those, steps that ran past env.step_timeout
+    env_reward: torch.Tensor | None = None  # [N] float: the environment's rewards, summed (None: zeros)
+    environment: str = ""  # the environment the episodes ran in; "" = none (single-turn)
+    env_seconds: float = 0.0  # wall-clock seconds of environment steps (merged rollouts: summed)
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if self.token_mask is None:
+            self.token_mask = [[1] * len(c) for c in self.completion_ids]
+        if self.turns is None:
+            self.turns = [[Turn(text)] for text in self.texts]
+        if self.num_turns is None:
+            self.num_turns = torch.ones(n, dtype=torch.long)
+        for name in ("tool_calls", "tool_errors", "tool_timeouts", "env_errors", "env_timeouts"):
+            if getattr(self, name) is None:
+                setattr(self, name, torch.zeros(n, dtype=torch.long))
+        if self.env_reward is None:
+            self.env_reward = torch.zeros(n, dtype=torch.float32)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
 
     @property
     def completion_lengths(self) -> torch.Tensor:
+        """[N] every completion id per row: model and environment tokens."""
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)
+
+    @property
+    def model_lengths(self) -> torch.Tensor:
+        """[N] the ids the model sampled per row (what rollout.max_new_tokens counts)."""
+        return torch.tensor([sum(m) for m in self.token_mask], dtype=torch.float32)
 
 
 @dataclass
@@ -126,3 +175,18 @@ class TrainBatch:
     advantages: torch.Tensor  # [N] float, one per completion
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
     sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, TIS)
+    # per row, aligned with completion_ids: 1 on model tokens (loss, KL, entropy), 0 on the
+    # environment's (context only); None = every completion token is the model's
+    token_mask: list[list[int]] | None = None
+
+
+@dataclass
+class CriticBatch:
+    """What the critic worker needs for one step: the value targets and the values before it."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    returns: list[torch.Tensor]  # per row [T_i]: the GAE returns, the regression targets
+    old_values: list[torch.Tensor]  # per row [T_i]: the critic's values the advantages were computed from
+    loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
+    token_mask: list[list[int]] | None = None  # per row: 1 on model tokens (as TrainBatch); None = all

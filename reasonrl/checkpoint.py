@@ -6,10 +6,11 @@ Layout of `runs/<name>/checkpoints/step_N/`:
                          and vLLM; it is also the exact copy the trainer resumes from)
     adapter/             LoRA only: the peft adapter, what a resume loads; huggingface/ then
                          holds the merged weights (absent with model.lora.save_merged=false)
+    critic/              critic estimators (PPO) only: the value model (body and head)
     trainer_state.json   step, sampler position, resolved config + its hash, byte offsets of
                          metrics.jsonl and samples.jsonl, eval before training, bad-step count
     state.pt             optimizer, LR scheduler, policy step, RNG states (python, numpy,
-                         torch CPU and CUDA)
+                         torch CPU and CUDA), and the critic's optimizer state
 
 A checkpoint is written into a hidden temporary folder beside it, every file fsynced,
 then renamed into place: a folder named `step_N` is complete, a crash leaves at most a
@@ -34,6 +35,7 @@ from reasonrl.rng import rng_state
 
 STATE_FILE = "trainer_state.json"
 ADAPTER_DIR = "adapter"
+CRITIC_DIR = "critic"
 TENSOR_FILE = "state.pt"
 FORMAT = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -90,14 +92,20 @@ def atomic_save(target: Path, write: Callable[[Path], None]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict, merged: bool = True) -> None:
+def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict, merged: bool = True,
+                     critic=None) -> None:
     """The policy's HF folder, its optimizer/scheduler state, every RNG and `trainer_state`.
-    A LoRA policy writes its adapter, and the merged HF folder only if `merged`."""
+    A LoRA policy writes its adapter, and the merged HF folder only if `merged`; a critic
+    its value model (`critic/`) and optimizer state."""
 
     def write(tmp: Path) -> None:
         if not policy.save_adapter(tmp / ADAPTER_DIR) or merged:
             policy.save_pretrained(tmp / "huggingface", tokenizer)
-        torch.save({"policy": policy.state_dict(), "rng": rng_state()}, tmp / TENSOR_FILE)
+        tensors = {"policy": policy.state_dict(), "rng": rng_state()}
+        if critic is not None:
+            critic.save(tmp / CRITIC_DIR)
+            tensors["critic"] = critic.state_dict()
+        torch.save(tensors, tmp / TENSOR_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, **trainer_state}, indent=1))
 
     atomic_save(target, write)

@@ -3,6 +3,7 @@
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
+    reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--sandbox auto|bwrap|rlimit]
     reasonrl report RUN [RUN ...] [-o report.html]
     reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
     reasonrl probe [--config C] [--model M] [--data FILE|TASK]
@@ -71,7 +72,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from reasonrl.data.prepare import prepare
 
     count = prepare(args.task, args.output, args.input, limit=args.limit, size=args.size,
-                    seed=args.seed, instruction=args.instruction)
+                    seed=args.seed, instruction=args.instruction, skip=args.skip, template=args.template)
     print(f"[reasonrl] wrote {count} {args.task} records to {args.output}", flush=True)
     return 0
 
@@ -145,11 +146,48 @@ def _reward(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tool(args: argparse.Namespace) -> int:
+    """Run one tool call through the sandbox training uses and print its observation as JSON."""
+    from reasonrl.errors import SandboxError
+    from reasonrl.registry import TOOLS
+    from reasonrl.tools import Limits, call_tool, sandbox_plan
+
+    text = sys.stdin.read() if args.arguments == "-" else args.arguments
+    arguments: str | dict = text
+    if text.lstrip().startswith("{"):  # a chat template's tool call: {"code": "..."}
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            arguments = parsed
+    chosen = {"timeout": args.timeout, "memory_mb": args.memory_mb, "sandbox": args.sandbox}
+    limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
+    mode = "parse (no code runs)"
+    if TOOLS[args.name].info.get("sandboxed"):  # probed before the call: its seconds are its own
+        try:
+            mode = sandbox_plan(limits.sandbox, limits.uid, limits.python).mode
+        except SandboxError:  # the observation's error says why
+            mode = "unavailable"
+    observation = call_tool(args.name, arguments, limits)
+    shown = {**observation.to_dict(), "seconds": round(observation.seconds, 4)}
+    print(json.dumps({"tool": args.name, **shown, "mode": mode}), flush=True)
+    return 0
+
+
 def _eval_settings(args: argparse.Namespace, probe: bool):
-    """(config, EvalSettings) from the eval / probe options: the config's rollout section
-    gives the defaults (n = rollout.n; max tokens: eval_max_new_tokens for eval, the
-    training max_new_tokens for probe)."""
-    from reasonrl.evaluate import EvalSettings
+    """(config, EvalSettings) from the eval / probe options.
+
+    eval: the options fill the config's `eval` section, the one the trainer's held-out eval
+    uses (`evaluate.eval_settings`), so an option left out takes the section's value: --n
+    (eval.n), --greedy (eval.temperature=0, n 1), --temperature, --top-p, --top-k, --k,
+    --max-new-tokens. --n > 1 without --temperature on a greedy section samples at
+    rollout.temperature. probe: training's sampling (the rollout section: n, temperature,
+    top-p, top-k, max_new_tokens) with the same options on top, without records' own n."""
+    import dataclasses
+
+    from reasonrl.config import EvalConfig
+    from reasonrl.evaluate import eval_settings
 
     overrides = list(args.overrides)
     if args.model is not None:
@@ -157,22 +195,38 @@ def _eval_settings(args: argparse.Namespace, probe: bool):
     if args.task is not None:
         overrides.append(f"reward.task={args.task}")
     cfg = load_config(args.config, overrides)
-    r = cfg.rollout
-    n = args.n if args.n is not None else (1 if args.greedy else r.n)
-    ks = (1,) if n == 1 else (1, n)
+    r, ev = cfg.rollout, cfg.eval
+    base = (r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens) if probe else (
+        ev.n, ev.temperature, ev.top_p, ev.top_k, ev.max_new_tokens)
+    n = args.n if args.n is not None else (1 if args.greedy else base[0])
+    if args.greedy and n != 1:
+        raise ConfigError(f"--greedy: greedy samples of a prompt are identical; use --n 1, got {n}")
+    if args.greedy:
+        temperature = 0.0
+    elif args.temperature is not None:
+        temperature = args.temperature
+    else:
+        temperature = r.temperature if base[1] == 0 and n > 1 else base[1]
+    ks: list[int] = []
     if getattr(args, "k", None):
         try:
-            ks = tuple(sorted({int(k) for k in args.k.split(",") if k.strip()}))
+            ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
         except ValueError:
             raise ConfigError(f"--k: expected comma-separated integers like 1,4,16, got {args.k!r}") from None
-    max_new = args.max_new_tokens if args.max_new_tokens is not None else (
-        r.max_new_tokens if probe else r.eval_max_new_tokens or r.max_new_tokens)
-    settings = EvalSettings(
-        n=n, ks=ks, greedy=args.greedy, top_p=r.top_p,
-        temperature=args.temperature if args.temperature is not None else r.temperature,
-        top_k=r.top_k, max_new_tokens=max_new, limit=args.limit, batch_size=args.batch_size,
-        entropy=not args.no_entropy, progress=not args.no_progress)
+    elif not probe and args.n is None:
+        ks = list(ev.k)
+    section = EvalConfig(n=n, temperature=temperature, k=ks,
+                         top_p=args.top_p if args.top_p is not None else base[2],
+                         top_k=args.top_k if args.top_k is not None else base[3],
+                         max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else base[4])
+    if temperature < 0:
+        raise ConfigError(f"--temperature: must be > 0 (0: greedy), got {temperature}")
+    options = dict(limit=args.limit, batch_size=args.batch_size, entropy=not args.no_entropy,
+                   progress=not args.no_progress, record_overrides=not probe)
+    settings = eval_settings(dataclasses.replace(cfg, eval=section), **options)
     settings.check()
+    if not probe:
+        cfg = dataclasses.replace(cfg, eval=section)
     return cfg, settings
 
 
@@ -246,21 +300,29 @@ def _probe(args: argparse.Namespace) -> int:
 def _add_eval_options(p: argparse.ArgumentParser, probe: bool) -> None:
     p.add_argument("overrides", nargs="*", help="dotted.key=value config overrides (e.g. rollout.engine=hf)")
     p.add_argument("--config", help="a train config: its model, data, rollout and reward sections are used")
-    p.add_argument("--model", help="model.path: an HF folder, runs/X/checkpoints/step_N, `tiny`, or '' "
-                                   "for the embedded SmolLM2-135M-Instruct (default: the config's)")
+    p.add_argument("--model", help="model.path: an HF folder, runs/X/checkpoints/step_N, a Hub id org/name "
+                                   "(from the Hugging Face cache), `tiny`, or '' for the embedded "
+                                   "SmolLM2-135M-Instruct (default: the config's)")
     p.add_argument("--data", help="a data file (JSONL/JSON/Parquet; comma-separated for several) or a "
                                   "built-in task (arithmetic, countdown, piecewise) = its held-out split; "
                                   "default: the config's held-out set")
     p.add_argument("--task", choices=["auto", *VERIFIERS.names()],
                    help="the verifier (reward.task; default auto = from each record's data_source)")
-    p.add_argument("--n", type=int, help="samples per prompt (default: rollout.n; 1 with --greedy)")
+    section = "rollout" if probe else "eval"
+    p.add_argument("--n", type=int, help=f"samples per prompt (default: {section}.n; 1 with --greedy)")
     if not probe:
-        p.add_argument("--k", help="pass@k values, comma-separated (default: 1,n)")
+        p.add_argument("--k", help="pass@k values, comma-separated (default: eval.k, else 1,n); a record's "
+                                   "extra_info.pass@k adds its own")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (n = 1)")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.temperature)")
+    p.add_argument("--temperature", type=float,
+                   help=f"sampling temperature (default: {section}.temperature" + (
+                       "; 0 = greedy; with --n > 1 and a greedy eval section: rollout.temperature)"
+                       if not probe else ")"))
+    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {section}.top_p)")
+    p.add_argument("--top-k", type=int, help=f"top-k sampling, 0 = off (default: {section}.top_k)")
     p.add_argument("--max-new-tokens", type=int,
                    help="default: " + ("rollout.max_new_tokens" if probe else
-                                       "rollout.eval_max_new_tokens, else rollout.max_new_tokens"))
+                                       "eval.max_new_tokens, else rollout.max_new_tokens"))
     p.add_argument("--limit", type=int, default=0, help="at most this many prompts (0 = all)")
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     p.add_argument("--no-entropy", action="store_true", help="skip the entropy forward pass")
@@ -293,20 +355,29 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="prepare task data files")
     dsub = d.add_subparsers(dest="data_command", required=True)
     p = dsub.add_parser(
-        "prepare", help="convert GSM8K / MATH files, or generate Countdown / piecewise problems",
+        "prepare", help="convert GSM8K / MATH / Countdown files, or generate Countdown / piecewise problems",
         description="Write {prompt, ground_truth, data_source, extra_info} records as JSONL (or "
                     "Parquet for *.parquet), ready for data.task=file. gsm8k: the official "
                     "question/answer files (the number after #### is the ground truth); math: "
                     "problem/solution(/answer) records, a JSONL/JSON/Parquet file or the official "
-                    "folder of JSON files; countdown, piecewise: generated from --seed.")
+                    "folder of JSON files; countdown: with --input, TinyZero's Countdown-Tasks-3to4 "
+                    "records (target, nums; JSONL or Parquet), else generated from --seed; piecewise: "
+                    "generated from --seed. An option the preparation does not use is an error.")
     p.add_argument("task", choices=["gsm8k", "math", "countdown", "piecewise"])
-    p.add_argument("--input", help="source file or folder (gsm8k, math)")
+    p.add_argument("--input", help="source file or folder (gsm8k, math, countdown)")
     p.add_argument("--output", required=True, help="output file: .jsonl or .parquet")
-    p.add_argument("--limit", type=int, default=0, help="convert at most this many records (0 = all)")
-    p.add_argument("--size", type=int, default=1000, help="records to generate (countdown, piecewise)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (countdown, piecewise)")
+    p.add_argument("--limit", type=int, help="convert at most this many records (default: all)")
+    p.add_argument("--skip", type=int, help="convert from this record on, counted from 0 (default 0)")
+    p.add_argument("--template", choices=["r1_zero"],
+                   help="gsm8k, math: write the prompt in ReasonRL's R1-Zero template (already templated: "
+                        "train with data.apply_chat_template=false)")
+    p.add_argument("--size", type=int, help="records to generate (countdown without --input, piecewise; "
+                                            "default 1000)")
+    p.add_argument("--seed", type=int, help="generator seed (countdown without --input, piecewise; "
+                                            "default 0)")
     p.add_argument("--instruction", default=None,
-                   help="text appended to each question (default: the task's usual instruction; '' = none)")
+                   help="text appended to each question (gsm8k, math; default: the task's usual instruction; "
+                        "'' = none)")
     p.set_defaults(func=_prepare)
 
     p = sub.add_parser(
@@ -324,6 +395,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="seconds per sample for math / reward.fn")
     p.add_argument("--config", help="a train config whose reward section to use (weights, task)")
     p.set_defaults(func=_reward)
+
+    from reasonrl.registry import TOOLS
+
+    p = sub.add_parser(
+        "tool", help="run one tool call through the training sandbox, to debug a tool",
+        description="Call a tool as an environment would and print its observation as JSON: output, "
+                    "error, timed_out, seconds, exit_code, truncated, and the sandbox mode (bwrap: "
+                    "bubblewrap namespaces; rlimit: resource limits and an unprivileged user). ARGS is "
+                    "the call's text, a JSON object ({\"code\": ...}), or - to read it from stdin. "
+                    "Tools: " + "; ".join(f"{e.name}: {e.doc}" for e in TOOLS)
+                    + ". See docs/tools.md for what each sandbox mode blocks.")
+    p.add_argument("name", choices=TOOLS.names(), help="the tool")
+    p.add_argument("arguments", metavar="ARGS", help="the call's arguments (text, JSON object, or -)")
+    p.add_argument("--timeout", type=float, help="wall-clock seconds (default 10)")
+    p.add_argument("--memory-mb", type=int, help="address space of the code's process in MB (default 512)")
+    p.add_argument("--sandbox", choices=["auto", "bwrap", "rlimit"], help="sandbox mode (default auto)")
+    p.set_defaults(func=_tool)
 
     p = sub.add_parser(
         "report", help="write report.html (curves, timings, samples, config) for runs",

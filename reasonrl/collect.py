@@ -1,7 +1,8 @@
 """Collecting a step's batch: rollouts, their scores and shaped rewards, in one record.
 
 `collect_batch` samples prompts, generates `rollout.n` completions each and scores them.
-Rewards are the task score plus DAPO's overlong penalty (`algo.overlong_buffer`). With
+Rewards are the task score (plus, in multi-turn episodes, the environment's rewards) plus
+DAPO's overlong penalty (`algo.overlong_buffer`, over the model's tokens). With
 `algo.dynamic_sampling` (DAPO, Yu et al. 2025, sec. 3.2), groups whose shaped rewards are
 all equal (std <= `dynamic_sampling_tol`) are dropped and new prompts sampled for the
 missing groups, for at most `max_resample` extra rounds; a batch still short after that
@@ -19,6 +20,7 @@ from reasonrl.algo import informative_groups, overlong_penalty
 from reasonrl.batch import Rollouts, Scores, StepBatch
 from reasonrl.config import Config
 from reasonrl.data import PromptSampler
+from reasonrl.envs import with_env_reward
 from reasonrl.rewards import score_rollouts
 from reasonrl.rollout import SamplingParams
 
@@ -41,11 +43,14 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         rollouts = rollout.rollout(sampler.next(want - kept), sampling)
         seconds["rollout"] += time.perf_counter() - t
         t = time.perf_counter()
-        scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward)
-        rewards = scores.total + overlong_penalty(rollouts.completion_lengths, sampling.max_new_tokens,
+        scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist())
+        scores = with_env_reward(scores, rollouts)
+        rewards = scores.total + overlong_penalty(rollouts.model_lengths, sampling.max_new_tokens,
                                                   algo.overlong_buffer, algo.overlong_penalty)
         seconds["reward"] += time.perf_counter() - t
-        generated += rollouts.completion_lengths.sum().item()
+        if rollouts.environment:  # part of the rollout's time: its environment steps
+            seconds["env"] = seconds.get("env", 0.0) + rollouts.env_seconds
+        generated += rollouts.model_lengths.sum().item()
         sampled_rewards.append(scores.total)
         if not algo.dynamic_sampling:
             parts.append((rollouts, scores, rewards))

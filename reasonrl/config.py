@@ -29,12 +29,16 @@ import yaml
 from reasonrl.errors import ConfigError
 from reasonrl.registry import (
     ADVANTAGES,
+    COUNTDOWN_SCORING,
     DATA_TASKS,
     ENGINES,
+    ENVIRONMENTS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    PIECEWISE_SCORING,
     RATIO_LEVELS,
     REWARD_COMPONENTS,
+    TOOLS,
     VERIFIERS,
     Registry,
 )
@@ -85,7 +89,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = ""  # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, or a folder
+    # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, a folder, or a Hub id org/name
+    path: str = ""
+    revision: str = ""  # Hub ids: a branch, tag or commit ("" = main)
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -131,8 +137,13 @@ class DataConfig:
     # record field names when they differ, dotted for nested: {ground_truth: reward_model.ground_truth}
     fields: dict[str, str] = param({}, keys=DATA_FIELDS, noun="field")
     apply_chat_template: bool = True  # false: `prompt` is already templated text
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT  # used when the template is applied; "" = none
+    # used when the template is applied; "" = none; auto = the task's own: arithmetic's calculator
+    # instruction (DEFAULT_SYSTEM_PROMPT), none for files and the other tasks (their prompts say it)
+    system_prompt: str = "auto"
     max_prompt_tokens: int = param(256, ge=1)
+    # a prompt over max_prompt_tokens: error = stop at start-up listing every such record (file:line);
+    # left = keep its last max_prompt_tokens tokens (TRL's max_prompt_length truncation)
+    truncate_prompts: Literal["error", "left"] = "error"
     val_size: int = param(0, ge=0)  # use at most this many held-out examples (0 = all)
     shuffle: bool = True
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
@@ -150,6 +161,9 @@ class VLLMConfig:
     threads: int = param(0, ge=0)  # CPU threads while generating; 0 = trainer.threads
     probe_every: int = param(1, ge=0)  # check the probe log-probs every K-th push and at start; 0 = start
     probe_tol: float = param(0.0, ge=0)  # max |engine - policy| over the probe; 0 = 1e-3 fp32, 0.5 bf16
+    # GPUs each vLLM engine spreads the model over (vLLM's tensor_parallel_size); > 1 needs that many
+    # GPUs per engine: placement.rollout.num_gpus in ray mode, torch.cuda.device_count() in local mode
+    tensor_parallel_size: int = param(1, ge=1)
 
 
 @dataclass
@@ -160,12 +174,39 @@ class RolloutConfig:
     top_p: float = param(1.0, gt=0, le=1)
     top_k: int = param(0, ge=0)  # 0 = off
     max_new_tokens: int = param(64, ge=1)
-    eval_max_new_tokens: int = param(0, ge=0)  # 0 = same as max_new_tokens
     # hf engine: the decoder (reasonrl.accel): auto = the fastest measured on this machine for the
     # run's shapes (cached per CPU model); lean_mkl / lean = the lean Llama-family forward with /
     # without MKL-packed weights; modules = the transformers modules (any model)
     hf_decoder: Literal["auto", "lean_mkl", "lean", "modules"] = "auto"
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn episodes (docs/environments.md): the model's turns alternate with an
+    environment's observations, all in one trajectory per row that trains on the model's tokens."""
+
+    # the environment (ENVIRONMENTS): tool = the model calls env.tools; feedback = "too high / too low"
+    # until a numeric answer is right; none = single-turn (one model turn per prompt)
+    name: str = param("none", choices=ENVIRONMENTS, also=("none",))
+    fn: str = ""  # a user environment class instead, "module:Class" or "path/file.py:Class"
+    tools: list[str] = param(["calculator"], keys=TOOLS, noun="tool")  # env.name=tool: the tools it offers
+    # env.name=tool, how the model calls: tags = <calculator>347 * 29</calculator> (the turn stops at the
+    # closing tag); tool_call = chat templates' <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    call_format: Literal["tags", "tool_call"] = "tags"
+    # how an observation comes back: tagged = <output>...</output> inside the model's turn; chat = a
+    # message through the chat template (role tool for a tool's output, user for feedback)
+    observation_format: Literal["tagged", "chat"] = "tagged"
+    max_turns: int = param(4, ge=1)  # model turns per episode; an episode still going after them is truncated
+    max_turn_tokens: int = param(0, ge=0)  # model tokens per turn; 0 = rollout.max_new_tokens
+    # model + environment tokens after the prompt (rollout.max_new_tokens counts model tokens); 0 = no limit
+    max_total_tokens: int = param(0, ge=0)
+    max_observation_tokens: int = param(256, ge=1)  # an observation's tokens past this are cut
+    step_timeout: float = param(30.0, gt=0)  # seconds for one environment step (its tool call included)
+    workers: int = param(8, ge=1)  # environment steps that run at once
+    tool_timeout: float = param(10.0, gt=0)  # seconds per tool call (wall clock); then its processes die
+    tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
+    sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"  # the python tool's sandbox (docs/tools.md)
 
 
 @dataclass
@@ -180,6 +221,19 @@ class RewardConfig:
     timeout: float = param(5.0, gt=0)  # seconds per sample for out-of-process verifiers (math, reward.fn)
     num_workers: int = param(2, ge=1)  # reward worker processes
     countdown_format_score: float = param(0.1, ge=0, le=1)  # countdown: an equation was given but is wrong
+    # countdown scoring (COUNTDOWN_SCORING): subset = each number at most once, format_score for a
+    # well-formed wrong equation; tinyzero = each number exactly once, format_score for any answer
+    countdown_rule: str = param("subset", choices=COUNTDOWN_SCORING)
+    # piecewise scoring (PIECEWISE_SCORING): partial_credit = reasonrl's checked equations;
+    # transparent_grpo = Transparent GRPO's regex credits (the canonical problem only)
+    piecewise_rule: str = param("partial_credit", choices=PIECEWISE_SCORING)
+    # custom batch reward for `correct`, "module:function": called once per rollout batch with all
+    # completions, ground truths, group indices and extra_infos (README, "Custom rewards")
+    batch_fn: str = ""
+    # how components combine: sum = the weighted sum; all = the weighted sum if every weighted
+    # component scores > 0, else 0. gate: components that must score > 0 for the sum to count
+    combine: Literal["sum", "all"] = "sum"
+    gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component")
 
 
 @dataclass
@@ -205,6 +259,10 @@ class AlgoConfig:
     mask_truncated: bool = False  # completions cut at max_new_tokens get no loss (DAPO)
     # truncated importance sampling: per-token loss x min(pi_old / pi_engine, tis_cap); 0 = off
     tis_cap: float = param(0.0, ge=0)  # needs an engine reporting its sampler log-probs (rollout.engine=vllm)
+    # critic estimators (algo.advantage=gae, PPO): discount and GAE lambda over completion tokens
+    gamma: float = param(1.0, ge=0, le=1)
+    lam: float = param(1.0, ge=0, le=1)
+    whiten_advantages: bool = True  # token advantages -> zero mean, unit variance over the batch (gae)
 
 
 @dataclass
@@ -224,13 +282,46 @@ class OptimConfig:
     # Llama-family models: RMSNorm and SwiGLU that recompute their pointwise activations in
     # the backward, attention with native GQA: same gradient, ~40 % less activation memory
     lean_kernels: bool = True
+    # recompute each decoder layer's activations in the backward (policy and reference): the same
+    # gradient, memory for activations ~ one layer's instead of all layers' (docs/performance.md)
+    gradient_checkpointing: bool = False
     mini_batches: int = param(1, ge=1)  # optimizer steps per pass over the batch
     ppo_epochs: int = param(1, ge=1)  # passes over the batch; > 1 (or mini_batches > 1): off-policy updates
 
 
 @dataclass
+class CriticConfig:
+    """The value model of critic estimators (algo.advantage=gae): the policy's architecture with
+    a scalar head (zero-initialised), trained by the clipped value loss (docs/algorithms.md)."""
+
+    path: str = ""  # "" = start from the policy's model (model.path); or another HF model folder
+    lr: float = param(1e-5, gt=0)
+    weight_decay: float = param(0.0, ge=0)
+    max_grad_norm: float = param(1.0, ge=0)  # 0 = no clipping
+    cliprange_value: float = param(0.5, ge=0)  # PPO's value clipping around the old values; 0 = off
+    warmup_steps: int = param(0, ge=0)  # steps that train only the critic before the policy moves
+    micro_batch_size: int = param(0, ge=0)  # 0 = optim.micro_batch_size
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation's own sampling (the trainer's eval and `reasonrl eval`; its options
+    fill these). A record's `extra_info.n` / `extra_info.pass@k` override n and add its k."""
+
+    n: int = param(1, ge=1)  # samples per prompt
+    temperature: float = param(0.0, ge=0)  # 0 = greedy (argmax; needs n = 1)
+    top_p: float = param(1.0, gt=0, le=1)
+    top_k: int = param(0, ge=0)  # 0 = off
+    max_new_tokens: int = param(0, ge=0)  # 0 = rollout.max_new_tokens
+    k: list[int] = param([])  # pass@k values, each <= n; [] = 1 and n
+
+
+@dataclass
 class TrainerConfig:
     steps: int = param(20, ge=1)
+    # > 0: train this many passes over the training prompts instead (steps = ceil(epochs x prompts /
+    # prompts per step), printed at start-up); trainer.steps is then not used
+    epochs: float = param(0.0, ge=0)
     batch_size: int = param(32, ge=1)  # completions per optimizer step; a multiple of rollout.n
     seed: int = 0
     eval_every: int = param(0, ge=0)  # 0 = only before and after training
@@ -260,6 +351,18 @@ class WorkerPlacement:
 @dataclass
 class PolicyPlacement(WorkerPlacement):
     ranks: int = param(1, ge=1)  # data-parallel ranks (torch.distributed + FSDP2); > 1 needs mode=ray
+    # FSDP2 ranks (ranks > 1): true = free each layer's gathered weights after its forward and gather
+    # them again for the backward (ZeRO-3); false = keep them until the backward (ZeRO-2: fewer
+    # all-gathers, a layer's full weights per layer in memory between forward and backward)
+    reshard_after_forward: bool = True
+    # FSDP2 ranks: keep the weight, gradient and AdamW shards in CPU memory, copied to the GPU per
+    # layer for compute (FSDP2's CPUOffloadPolicy; DeepSpeed's offload); the optimizer steps on the CPU
+    cpu_offload: bool = False
+
+
+@dataclass
+class RolloutPlacement(WorkerPlacement):
+    replicas: int = param(1, ge=1)  # rollout actors, each with its own engine and these resources; > 1: ray
 
 
 @dataclass
@@ -277,8 +380,12 @@ class PlacementConfig:
     call_timeout: float = param(3600.0, gt=0)  # seconds for one remote call (a step, a sync, an eval chunk)
     # torch.distributed backend of the policy ranks; auto = nccl when the ranks have GPUs, else gloo
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # ray mode: a weight sync moves the policy's weights to the rollout replicas in buckets of at most
+    # this many MB (a tensor larger than that travels alone): the extra memory of a sync per process
+    sync_bucket_mb: float = param(512.0, gt=0)
     policy: PolicyPlacement = field(default_factory=PolicyPlacement)
-    rollout: WorkerPlacement = field(default_factory=WorkerPlacement)
+    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
+    critic: PolicyPlacement = field(default_factory=PolicyPlacement)  # algo.advantage=gae
 
 
 @dataclass
@@ -306,9 +413,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -392,12 +502,18 @@ def _check(value: Any, meta: Any, path: str) -> None:
                 raise ConfigError(f"{path}.{key}: unknown {meta['noun']}; allowed: {', '.join(allowed)}")
 
 
+MOVED = {"rollout.eval_max_new_tokens": "eval.max_new_tokens"}  # keys that moved: old -> new
+
+
 def _build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
+        if full in MOVED:
+            raise ConfigError(f"{full} is now {MOVED[full]} (with the other evaluation settings): "
+                              f"set {MOVED[full]}={value!r}")
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -533,8 +649,36 @@ def validate(cfg: Config) -> None:
     need(a.tis_cap == 0 or r.engine in with_logprobs,
          f"algo.tis_cap: needs the sampler's log-probs, which rollout.engine={r.engine} does not "
          f"report; engines that do: {', '.join(with_logprobs)}")
+    critic = ADVANTAGES[a.advantage].info.get("critic", False)
+    if not critic:
+        changed = [f"critic.{f.name}" for f in dataclasses.fields(CriticConfig)
+                   if getattr(cfg.critic, f.name) != getattr(CriticConfig(), f.name)]
+        changed += [f"placement.critic.{k}" for k, v in dataclasses.asdict(pl.critic).items()
+                    if v != getattr(PolicyPlacement(), k)]
+        critics = ", ".join(e.name for e in ADVANTAGES if e.info.get("critic"))
+        need(not changed, f"{', '.join(changed)}: set, but algo.advantage={a.advantage} uses no critic; "
+             f"estimators with a critic: {critics} (or remove the critic settings)")
+    need(critic or (a.gamma, a.lam) == (1.0, 1.0),
+         f"algo.gamma/algo.lam: only used by critic estimators (GAE); algo.advantage={a.advantage} has none")
+    need(pl.critic.ranks == 1 or pl.mode == "ray",
+         f"placement.critic.ranks: {pl.critic.ranks} ranks need placement.mode=ray")
     need(bool(cfg.reward.weights), "reward.weights: at least one component is needed")
-    rw = cfg.reward
+    rw, ev = cfg.reward, cfg.eval
+    for g in rw.gate:
+        need(g in rw.weights, f"reward.gate: {g!r} is not in reward.weights, so it is not computed; add it "
+             "there (weight 0 gates without adding to the sum)")
+    need(not (rw.fn and rw.batch_fn), "reward.fn and reward.batch_fn: set one (both replace `correct`)")
+    need(not rw.batch_fn or (":" in rw.batch_fn and all(rw.batch_fn.rpartition(":")[::2])),
+         f"reward.batch_fn: expected module:function or path/file.py:function, got {rw.batch_fn!r}")
+    need(rw.piecewise_rule != "transparent_grpo" or d.task != "piecewise"
+         or d.piecewise.train_variants == d.piecewise.val_variants == 0,
+         "reward.piecewise_rule=transparent_grpo scores the canonical problem only: set "
+         "data.piecewise.train_variants=0 and data.piecewise.val_variants=0")
+    need(ev.temperature > 0 or ev.n == 1,
+         f"eval.n: greedy evaluation (eval.temperature=0) gives n identical samples; use eval.n=1 or "
+         f"eval.temperature > 0, got n={ev.n}")
+    for k in ev.k:
+        need(1 <= k <= ev.n, f"eval.k: pass@{k} needs 1 <= k <= eval.n={ev.n}")
     need(not rw.fn or (":" in rw.fn and all(rw.fn.rpartition(":")[::2])),
          f"reward.fn: expected module:function or path/file.py:function, got {rw.fn!r}")
     if not DATA_TASKS[d.task].info["generated"]:
@@ -547,24 +691,70 @@ def validate(cfg: Config) -> None:
     need(lo.rank == 0 or bool(lo.target_modules), "model.lora.target_modules: at least one module name")
     need(pl.policy.ranks == 1 or pl.mode == "ray",
          f"placement.policy.ranks: {pl.policy.ranks} ranks need placement.mode=ray")
-    need(pl.policy.ranks == 1 or lo.rank == 0,
-         "placement.policy.ranks: data-parallel ranks train the full model; with model.lora.rank > 0 "
-         "use one rank")
-    for role, w in (("policy", pl.policy), ("rollout", pl.rollout)):
+    need(pl.rollout.replicas == 1 or pl.mode == "ray",
+         f"placement.rollout.replicas: {pl.rollout.replicas} replicas need placement.mode=ray")
+    for role in ("policy", "critic"):
+        w = getattr(pl, role)
+        for key, default in (("reshard_after_forward", True), ("cpu_offload", False)):
+            need(getattr(w, key) == default or w.ranks > 1,
+                 f"placement.{role}.{key}: applies to FSDP2 ranks; set placement.{role}.ranks > 1 "
+                 f"(it is {w.ranks})")
+    tp = r.vllm.tensor_parallel_size
+    need(tp == 1 or r.engine == "vllm",
+         f"rollout.vllm.tensor_parallel_size: {tp} is vLLM's; rollout.engine={r.engine} runs on one device")
+    need(tp == 1 or pl.mode == "local" or pl.rollout.num_gpus == tp,
+         f"rollout.vllm.tensor_parallel_size: {tp} GPUs per engine need placement.rollout.num_gpus={tp} "
+         f"(each rollout replica's actor must see {tp} GPUs), got {pl.rollout.num_gpus:g}")
+    for role, w in (("policy", pl.policy), ("rollout", pl.rollout), ("critic", pl.critic)):
         need(w.num_gpus <= 1 or w.num_gpus == int(w.num_gpus),
              f"placement.{role}.num_gpus: a fraction must be < 1 (0.5 shares a GPU), got {w.num_gpus}")
         for name, amount in w.resources.items():
             need(amount > 0, f"placement.{role}.resources.{name}: must be > 0, got {amount}")
     for section in ("num_gpus", "resources"):
         need(pl.mode == "ray" or getattr(pl.policy, section) == getattr(WorkerPlacement(), section)
-             and getattr(pl.rollout, section) == getattr(WorkerPlacement(), section),
-             f"placement.policy/rollout.{section}: only used with placement.mode=ray")
+             and getattr(pl.rollout, section) == getattr(WorkerPlacement(), section)
+             and getattr(pl.critic, section) == getattr(WorkerPlacement(), section),
+             f"placement.policy/rollout/critic.{section}: only used with placement.mode=ray")
     check_device(pl.device)
     need(pl.mode == "local" or pl.device == "auto",
          f"placement.device: {pl.device} is only used with placement.mode=local; in ray mode a worker "
          "is on a GPU when placement.<worker>.num_gpus > 0")
     need(pl.backend != "nccl" or pl.policy.num_gpus > 0,
          "placement.backend: nccl needs GPUs (placement.policy.num_gpus > 0)")
+    validate_env(cfg)
+
+
+def validate_env(cfg: Config) -> None:
+    """The `env` section's rules across keys (multi-turn episodes)."""
+    e, r = cfg.env, cfg.rollout
+    if e.fn:
+        if e.name != "none":
+            raise ConfigError(f"env.fn and env.name: set one (env.fn={e.fn!r} replaces the built-in "
+                              f"env.name={e.name!r})")
+        if ":" not in e.fn or not all(e.fn.rpartition(":")[::2]):
+            raise ConfigError(f"env.fn: expected module:Class or path/file.py:Class, got {e.fn!r}")
+    if e.name == "none" and not e.fn:
+        changed = [f"env.{f.name}" for f in dataclasses.fields(EnvConfig)
+                   if f.name != "name" and getattr(e, f.name) != getattr(EnvConfig(), f.name)]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)}: set, but env.name=none runs single-turn episodes; "
+                              "set env.name (tool, feedback) or env.fn, or remove them")
+        return
+    if e.name == "tool":
+        if not e.tools:
+            raise ConfigError("env.tools: env.name=tool needs at least one tool")
+        if e.step_timeout <= e.tool_timeout:
+            raise ConfigError(f"env.step_timeout: {e.step_timeout:g} s must be more than env.tool_timeout="
+                              f"{e.tool_timeout:g} s (a step runs one tool call)")
+    if e.max_turn_tokens > r.max_new_tokens:
+        raise ConfigError(f"env.max_turn_tokens: {e.max_turn_tokens} is more than rollout.max_new_tokens="
+                          f"{r.max_new_tokens}, which counts every model token of an episode; use at most "
+                          "that")
+    if e.max_total_tokens and e.max_total_tokens < min(e.max_turn_tokens or r.max_new_tokens,
+                                                       r.max_new_tokens):
+        raise ConfigError(f"env.max_total_tokens: {e.max_total_tokens} is less than one model turn "
+                          f"({e.max_turn_tokens or r.max_new_tokens} tokens); raise it or lower "
+                          "env.max_turn_tokens")
 
 
 def to_dict(cfg: Config) -> dict:

@@ -18,6 +18,14 @@ class DataError(ValueError):
     """Bad task data; the message names the file, line and field."""
 
 
+class PromptTooLong(DataError):
+    """A prompt longer than data.max_prompt_tokens: `where` (file:line) and its `tokens`."""
+
+    def __init__(self, message: str, where: str, tokens: int):
+        super().__init__(message)
+        self.where, self.tokens = where, tokens
+
+
 class GroundTruthError(ValueError):
     """A ground truth a verifier cannot read: a data bug, not a model error.
 
@@ -45,6 +53,11 @@ class PlacementError(RuntimeError):
 
 class ReportError(ValueError):
     """A folder that is not a run directory, or a report that cannot be written."""
+
+
+class SandboxError(RuntimeError):
+    """Tool code cannot be run in the sandbox asked for (bubblewrap missing or refused, no
+    interpreter the unprivileged user can run); the message says what to install or set."""
 
 
 class TrainingAborted(RuntimeError):

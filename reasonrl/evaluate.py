@@ -119,19 +119,26 @@ class PromptResult:
     rewards: list[float]  # total reward per sample (the configured weighted sum)
     correct: list[bool]  # the `correct` component is full marks (>= 1)
     answers: list[str | None]  # `final_answer` per sample; None = format error
-    lengths: list[int]  # completion tokens per sample (EOS included)
-    truncated: list[bool]  # hit max_new_tokens without EOS
+    lengths: list[int]  # the model's completion tokens per sample (EOS included)
+    truncated: list[bool]  # hit max_new_tokens without EOS (multi-turn: cut by any episode limit)
     entropy_sums: list[float] = field(default_factory=list)  # summed per-token entropy per sample
     reward_errors: int = 0
     reward_timeouts: int = 0
+    ks: tuple[int, ...] = ()  # the pass@k this prompt reports; () = those `summarize` is given
+    # multi-turn episodes (empty for single-turn): per sample, model turns, tool calls, failed calls
+    turns: list[int] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)
+    tool_errors: list[int] = field(default_factory=list)
 
 
 def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, float]:
-    """Metrics of a set of prompts, each with the same number n of samples.
+    """Metrics of a set of prompts; prompt i has n_i samples (the same n for all unless records
+    ask for their own, `extra_info.n` / `extra_info.pass@k`).
 
-    - accuracy: share of samples whose `correct` is full marks (= pass@1).
+    - accuracy: share of samples whose `correct` is full marks (= pass@1 when every n_i is equal).
     - reward_mean: mean total reward over all samples.
-    - pass@k: mean over prompts of `pass_at_k(n, c, k)` (pass@1 = share of correct samples).
+    - pass@k: mean of `pass_at_k(n_i, c_i, k)` over the prompts that report k (those whose `ks`
+      hold it, or with empty `ks` those of `ks` up to n_i); pass@1 = mean share of correct samples.
     - majority_accuracy: share of prompts whose `majority_vote` answer is right (maj@n).
     - entropy_mean: mean per-token entropy over all generated tokens (token-weighted, nats).
     - response_length_mean / _p95: completion tokens per sample; p95 by numpy's linear
@@ -141,19 +148,22 @@ def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, f
       extractable by the task's rule, or, for numeric tasks, text that is not a number).
     - reward_errors / reward_timeouts: counts of verifier calls that raised / ran out of time
       (scored 0).
+    - multi-turn episodes (every result has `turns`): turns_mean and tool_calls_mean per sample,
+      tool_call_share (samples that called a tool at least once), tool_error_rate (failed calls /
+      calls; 0 without a call).
     """
     if not results:
         return {}
-    n = len(results[0].rewards)
-    if any(len(r.rewards) != n for r in results):
-        raise ValueError("every prompt must have the same number of samples")
+    reported = [r.ks or tuple(k for k in ks if k <= len(r.rewards)) for r in results]
     rewards = [x for r in results for x in r.rewards]
     lengths = [x for r in results for x in r.lengths]
     metrics = {"num_prompts": float(len(results)), "num_samples": float(len(rewards)),
                "accuracy": float(np.mean([c for r in results for c in r.correct])),
                "reward_mean": float(np.mean(rewards))}
-    for k in ks:
-        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n, sum(r.correct), k) for r in results]))
+    for k in sorted({k for ks_i in reported for k in ks_i}):
+        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(len(r.rewards), sum(r.correct), k)
+                                              for r, ks_i in zip(results, reported, strict=True)
+                                              if k in ks_i]))
     metrics["majority_accuracy"] = float(np.mean([majority_vote(r.answers, r.correct)[1] for r in results]))
     if all(r.entropy_sums for r in results):
         tokens = sum(lengths)
@@ -164,7 +174,21 @@ def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, f
     metrics["format_error_rate"] = float(np.mean([a is None for r in results for a in r.answers]))
     metrics["reward_errors"] = float(sum(r.reward_errors for r in results))
     metrics["reward_timeouts"] = float(sum(r.reward_timeouts for r in results))
+    metrics.update(episode_summary(results))
     return metrics
+
+
+def episode_summary(results: Sequence[PromptResult]) -> dict[str, float]:
+    """Multi-turn episodes' metrics (empty unless every result has `turns`): turns_mean and
+    tool_calls_mean per sample, tool_call_share (samples that called a tool at least once),
+    tool_error_rate (failed calls / calls; 0 without a call)."""
+    if not results or not all(r.turns for r in results):
+        return {}
+    calls = [x for r in results for x in r.tool_calls]
+    return {"turns_mean": float(np.mean([x for r in results for x in r.turns])),
+            "tool_calls_mean": float(np.mean(calls)),
+            "tool_call_share": float(np.mean([x > 0 for x in calls])),
+            "tool_error_rate": sum(x for r in results for x in r.tool_errors) / max(sum(calls), 1)}
 
 
 def by_source(results: Sequence[PromptResult]) -> dict[str, list[PromptResult]]:
@@ -183,7 +207,8 @@ def probe_metrics(results: Sequence[PromptResult]) -> dict[str, float]:
     - zero_variance_frac: share of prompts whose rewards are all equal (variance <=
       ZERO_VARIANCE_TOL): their group advantages are all 0, so they teach nothing;
       all_correct_frac / all_wrong_frac split off the prompts where every / no sample is right;
-    - entropy_mean: as in `summarize`.
+    - entropy_mean: as in `summarize`;
+    - multi-turn episodes: `episode_summary` (the share of samples that call a tool, ...).
     """
     if not results:
         return {}
@@ -201,6 +226,7 @@ def probe_metrics(results: Sequence[PromptResult]) -> dict[str, float]:
     if all(r.entropy_sums for r in results):
         tokens = sum(sum(r.lengths) for r in results)
         metrics["entropy_mean"] = sum(sum(r.entropy_sums) for r in results) / max(tokens, 1)
+    metrics.update(episode_summary(results))
     return metrics
 
 
@@ -355,6 +381,7 @@ class EvalSettings:
     batch_size: int = GENERATE_BATCH  # sequences per generate call
     entropy: bool = True
     progress: bool = True
+    record_overrides: bool = True  # a record's extra_info.n / extra_info.pass@k apply (`record_plan`)
 
     def check(self) -> None:
         if self.n < 1:
@@ -366,6 +393,8 @@ class EvalSettings:
                 raise ConfigError(f"--k: pass@{k} needs 1 <= k <= n = {self.n} samples per prompt")
         if self.temperature <= 0:
             raise ConfigError(f"--temperature: must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError(f"--top-p must be in (0, 1] and --top-k >= 0, got {self.top_p}, {self.top_k}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens: must be >= 1, got {self.max_new_tokens}")
         if self.limit < 0 or self.batch_size < 1:
@@ -430,49 +459,105 @@ def sampling_for(settings: EvalSettings):
                           greedy=settings.greedy)
 
 
+def eval_settings(cfg: Config, **options) -> EvalSettings:
+    """The evaluation settings of the config's `eval` section, shared by the trainer's held-out
+    eval and `reasonrl eval` (whose options fill the same section): eval.n samples per prompt,
+    greedy when eval.temperature is 0, pass@k for eval.k (default 1 and n), eval.max_new_tokens
+    (0 = rollout.max_new_tokens). `options` sets what the config does not hold (limit,
+    batch_size, entropy, progress, record_overrides)."""
+    ev = cfg.eval
+    ks = tuple(sorted(set(ev.k))) if ev.k else ((1,) if ev.n == 1 else (1, ev.n))
+    return EvalSettings(n=ev.n, ks=ks, greedy=ev.temperature == 0, temperature=ev.temperature or 1.0,
+                        top_p=ev.top_p, top_k=ev.top_k,
+                        max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens, **options)
+
+
+def _record_int(example: Example, key: str) -> int | None:
+    value = example.meta.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        where = example.meta.get("origin", example.data_source)
+        raise DataError(f"{where}: field 'extra_info.{key}' must be an integer >= 1, got {value!r}")
+    return value
+
+
+def record_plan(examples: Sequence[Example], settings: EvalSettings) -> list[tuple[int, tuple[int, ...]]]:
+    """(samples, pass@k values) of each example: `settings.n` and `settings.ks`, unless the
+    record says otherwise in its `extra_info` (EasyRL's validation records): `n` sets its number
+    of samples, `pass@k` adds its k (and, without `n`, raises its samples to at least k); a
+    `settings.ks` value above the record's n is left out for it. DataError naming file:line for
+    a value that is not an integer >= 1, a pass@k above the record's n, or n > 1 under greedy
+    decoding (identical samples). With `settings.record_overrides` off, every record gets the
+    settings' own."""
+    plan = []
+    for e in examples:
+        n, ks = settings.n, settings.ks
+        if settings.record_overrides:
+            own_n, own_k = _record_int(e, "n"), _record_int(e, "pass@k")
+            n = own_n if own_n is not None else max(n, own_k or 0)
+            where = e.meta.get("origin", e.data_source)
+            if own_k is not None and own_k > n:
+                raise DataError(f"{where}: field 'extra_info.pass@k' is {own_k}, more than the record's "
+                                f"extra_info.n={n} samples")
+            if settings.greedy and n > 1:
+                raise DataError(f"{where}: the record asks for {n} samples (extra_info.n / pass@k) but the "
+                                "evaluation is greedy (eval.temperature=0): set eval.temperature > 0 "
+                                "(reasonrl eval: --temperature)")
+            ks = tuple(sorted({k for k in settings.ks if k <= n} | ({own_k} if own_k else set())))
+        plan.append((n, ks))
+    return plan
+
+
 def evaluate(rollout, policy, examples: list[Example], settings: EvalSettings, reward_cfg) -> Evaluation:
     """The evaluation of reasonrl, used by the trainer's held-out eval and by `reasonrl eval`
     and `probe` alike, so that the two can never disagree: `settings.n` samples per prompt
-    through the rollout worker (`settings.batch_size` sequences per call), scored with the
-    training reward code, answers extracted by the task's rule, and (with
-    `settings.entropy`) the policy's per-token entropy over the generated tokens."""
+    (or the record's own, `record_plan`) through the rollout worker (`settings.batch_size`
+    sequences per call, prompts with the same n together), scored with the training reward
+    code, answers extracted by the task's rule, and (with `settings.entropy`) the policy's
+    per-token entropy over the generated tokens. Results are in the order of `examples`."""
     from tqdm.auto import tqdm
 
     from reasonrl.rewards import score_examples, verifier_for
 
-    sampling = sampling_for(settings)
+    plan = record_plan(examples, settings)
     entropy_temperature = 1.0 if settings.greedy else settings.temperature
     tasks = {e.data_source: verifier_for(e.data_source, reward_cfg).task for e in examples}
-    per_call = max(1, settings.batch_size // settings.n)
-    out = Evaluation([], [], {"generate_s": 0.0, "reward_s": 0.0, "entropy_s": 0.0})
-    bar = tqdm(total=len(examples) * settings.n, desc="generate", unit="sample",
-               disable=not settings.progress)
+    by_n: dict[int, list[int]] = {}
+    for i, (n, _) in enumerate(plan):
+        by_n.setdefault(n, []).append(i)
+    results: list[PromptResult | None] = [None] * len(examples)
+    prompts: list[dict | None] = [None] * len(examples)
+    times = {"generate_s": 0.0, "reward_s": 0.0, "entropy_s": 0.0}
+    bar = tqdm(total=sum(n for n, _ in plan), desc="generate", unit="sample", disable=not settings.progress)
     try:
-        for start in range(0, len(examples), per_call):
-            chunk = examples[start: start + per_call]
-            t = time.perf_counter()
-            rollouts = rollout.rollout(chunk, sampling)
-            out.times["generate_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True)
-            out.times["reward_s"] += time.perf_counter() - t
-            entropies = None
-            if settings.entropy:
+        for n, indices in by_n.items():
+            sampling = sampling_for(dataclasses.replace(settings, n=n))
+            per_call = max(1, settings.batch_size // n)
+            for start in range(0, len(indices), per_call):
+                chunk = indices[start: start + per_call]
                 t = time.perf_counter()
-                entropies = policy.row_entropies(rollouts.prompt_ids, rollouts.completion_ids,
-                                                 entropy_temperature)
-                out.times["entropy_s"] += time.perf_counter() - t
-            for g, example in enumerate(chunk):
-                rows = list(range(g * settings.n, (g + 1) * settings.n))
-                result = _prompt_result(example, rows, rollouts, scores, entropies,
-                                        tasks[example.data_source], reward_cfg.fallback_last_number,
-                                        first=g == 0)
-                out.results.append(result)
-                out.prompts.append(_prompt_record(example, rollouts, rows, result))
-            bar.update(len(rollouts))
+                rollouts = rollout.rollout([examples[i] for i in chunk], sampling)
+                times["generate_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+                scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True,
+                                        groups=rollouts.group.tolist())
+                times["reward_s"] += time.perf_counter() - t
+                entropies = None
+                if settings.entropy:
+                    t = time.perf_counter()
+                    entropies = policy.row_entropies(rollouts.prompt_ids, rollouts.completion_ids,
+                                                     entropy_temperature)
+                    times["entropy_s"] += time.perf_counter() - t
+                for g, i in enumerate(chunk):
+                    example, rows = examples[i], list(range(g * n, (g + 1) * n))
+                    result = _prompt_result(example, rows, rollouts, scores, entropies,
+                                            tasks[example.data_source], reward_cfg.fallback_last_number,
+                                            first=g == 0)
+                    result.ks = plan[i][1]
+                    results[i], prompts[i] = result, _prompt_record(example, rollouts, rows, result)
+                bar.update(len(rollouts))
     finally:
         bar.close()
-    return out
+    return Evaluation(results, prompts, times)
 
 
 def _prompt_result(example: Example, rows: list[int], rollouts, scores, entropies, task: str,
@@ -482,22 +567,32 @@ def _prompt_result(example: Example, rows: list[int], rollouts, scores, entropie
     timeouts = [scores.failures.get(i) == "timeout" for i in range(len(rollouts))]
     errors = [i in scores.failures and not timeouts[i] for i in range(len(rollouts))]
     other_errors = scores.errors - sum(errors)
+    import torch
+
+    episodes = bool(rollouts.environment)  # multi-turn: the environment's reward and counts too
     return PromptResult(
         data_source=example.data_source,
-        rewards=[scores.total[i] for i in rows],
+        rewards=[scores.total[i] + (rollouts.env_reward[i].item() if episodes else 0.0) for i in rows],
         correct=[scores.components["correct"][i] >= 1.0 for i in rows],
         answers=[final_answer(rollouts.texts[i], task, fallback_last_number) for i in rows],
-        lengths=[len(rollouts.completion_ids[i]) for i in rows],
+        lengths=[sum(rollouts.token_mask[i]) for i in rows],
         truncated=[bool(rollouts.truncated[i]) for i in rows],
-        entropy_sums=[entropies[i].sum().item() for i in rows] if entropies else [],
+        entropy_sums=[(entropies[i] * torch.tensor(rollouts.token_mask[i])).sum().item() for i in rows]
+        if entropies else [],
         reward_errors=sum(errors[i] for i in rows) + (other_errors if first else 0),
-        reward_timeouts=sum(timeouts[i] for i in rows))
+        reward_timeouts=sum(timeouts[i] for i in rows),
+        turns=[int(rollouts.num_turns[i]) for i in rows] if episodes else [],
+        tool_calls=[int(rollouts.tool_calls[i]) for i in rows] if episodes else [],
+        tool_errors=[int(rollouts.tool_errors[i]) for i in rows] if episodes else [])
 
 
 def _prompt_record(example: Example, rollouts, rows: list[int], r: PromptResult) -> dict:
     columns = zip(rows, r.rewards, r.correct, r.answers, r.lengths, r.truncated, strict=True)
     samples = [{"completion": rollouts.texts[i], "reward": reward, "correct": c, "answer": a, "length": n,
                 "truncated": tr} for i, reward, c, a, n, tr in columns]
+    if rollouts.environment:  # multi-turn: every turn (model, tool call, observation)
+        for sample, i in zip(samples, rows, strict=True):
+            sample["turns"] = [dataclasses.asdict(turn) for turn in rollouts.turns[i]]
     return {"prompt": example.prompt, "ground_truth": example.ground_truth,
             "data_source": example.data_source, "majority_answer": majority_vote(r.answers, r.correct)[0],
             "samples": samples}
@@ -527,6 +622,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
 
     from reasonrl.placement import build_workers, preflight
     from reasonrl.rewards import check_examples, verifier_for
+    from reasonrl.rollout import check_prompt_lengths
 
     settings.check()
     preflight(cfg)
@@ -534,6 +630,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
     examples, what = load_eval_examples(cfg, data, settings.limit)
     check_examples(examples, cfg.reward)
+    record_plan(examples, settings)  # a record's bad extra_info.n / pass@k fails before the model loads
     cfg = _eval_config(cfg, settings)
     t = time.perf_counter()
     workers = build_workers(cfg)
@@ -543,8 +640,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
                                      expected_checksum=workers.policy.weights_checksum())
         seed_everything(cfg.trainer.seed)
         load_s = time.perf_counter() - t
-        for e in examples:  # a prompt over data.max_prompt_tokens fails now
-            workers.rollout.encode(e)
+        check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
         evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward)
     finally:
         workers.close()
@@ -605,4 +701,8 @@ def format_verdict(report: dict) -> str:
         f"(want {th['min_entropy']:.2f}-{th['max_entropy']:.2f})  {ok[v['checks']['entropy']]}",
         f"verdict: {v['status']}: {v['suggestion']}",
     ]
+    if "turns_mean" in m:  # multi-turn episodes
+        lines.insert(-1, f"episodes        {m['turns_mean']:.2f} turns; tool calls in "
+                         f"{m['tool_call_share']:.2f} of samples ({m['tool_calls_mean']:.2f} each), "
+                         f"{m['tool_error_rate']:.2f} of them failed")
     return "\n".join(lines)

@@ -1,19 +1,30 @@
 """What a training step reports besides the update's own `train/` metrics: the batch's
-`reward/`, `advantage/` and `rollout/` statistics and the process's peak GPU memory."""
+`reward/`, `advantage/`, `rollout/` (and, multi-turn, `env/`) statistics and the process's
+peak GPU memory."""
 
 from __future__ import annotations
 
 import torch
 
 from reasonrl.algo import zero_variance_groups
-from reasonrl.batch import StepBatch
+from reasonrl.batch import Rollouts, StepBatch
 
 
-def batch_metrics(batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
+def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
+                  trainable: torch.Tensor | None = None) -> dict[str, float]:
     """reward/, advantage/ and rollout/ metrics of the batch that is trained on. Tokens per
-    second count every generated token, dropped resampled groups included."""
+    second count every generated token, dropped resampled groups included. Token advantages
+    [N, T] (a critic's) are summarised over the model tokens of the `trainable` rows. Response
+    lengths count the model's tokens; multi-turn episodes add `episode_metrics`."""
     rollouts, scores = batch.rollouts, batch.scores
-    lengths = rollouts.completion_lengths
+    lengths = rollouts.model_lengths
+    if advantages.dim() == 2:
+        valid = torch.zeros(advantages.shape, dtype=torch.bool)
+        for i, mask in enumerate(rollouts.token_mask):
+            valid[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        if trainable is not None and bool(trainable.any()):
+            valid &= trainable[:, None]
+        advantages = advantages[valid]
     stats = dict(batch.stats)
     generated = stats.pop("rollout/generated_tokens", lengths.sum().item())
     metrics = {
@@ -37,7 +48,31 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor) -> dict[str, float
     if "correct" in scores.components:
         # solved = full marks: partial credit (countdown's format score) is not accuracy
         metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
+    if rollouts.environment:
+        metrics.update(episode_metrics(rollouts))
     return metrics
+
+
+def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
+    """env/ metrics of multi-turn episodes: model turns and tool calls per episode (means), the
+    share of episodes that called a tool, tool calls that failed or timed out (and the failed
+    share of all calls: errors / calls, 0 without a call) and environment
+    steps that failed or timed out (counts in the batch), the environment's reward per episode
+    (mean), and the model's vs the environment's tokens per episode (means)."""
+    model = rollouts.model_lengths
+    return {
+        "env/turns_mean": rollouts.num_turns.float().mean().item(),
+        "env/tool_calls_mean": rollouts.tool_calls.float().mean().item(),
+        "env/tool_call_share": (rollouts.tool_calls > 0).float().mean().item(),
+        "env/tool_errors": float(rollouts.tool_errors.sum().item()),
+        "env/tool_error_rate": rollouts.tool_errors.sum().item() / max(rollouts.tool_calls.sum().item(), 1),
+        "env/tool_timeouts": float(rollouts.tool_timeouts.sum().item()),
+        "env/step_errors": float(rollouts.env_errors.sum().item()),
+        "env/step_timeouts": float(rollouts.env_timeouts.sum().item()),
+        "env/reward_mean": rollouts.env_reward.mean().item(),
+        "env/model_tokens_mean": model.mean().item(),
+        "env/env_tokens_mean": (rollouts.completion_lengths - model).mean().item(),
+    }
 
 
 def _cuda_in_use() -> bool:

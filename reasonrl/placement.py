@@ -16,7 +16,11 @@ the worker and the resources it asks for (an actor Ray cannot place otherwise wa
 forever, silently). Weights go from the policy actor to the rollout actor through Ray's
 object store (torch tensors zero-copy), never through this process, and the rollout worker
 checks them by checksum as in local mode. `placement.policy.ranks=N` makes the policy a
-group of N data-parallel ranks (`reasonrl.policy.parallel`: torch.distributed + FSDP2).
+group of N data-parallel ranks (`reasonrl.policy.parallel`: torch.distributed + FSDP2, with
+or without LoRA). `placement.rollout.replicas=N` makes N rollout actors behind one proxy
+(`RemoteRollout`): prompts split by whole groups with seeds drawn by the trainer, results
+merged in order, every replica synced and checked. A weight sync is streamed: the policy's
+rank 0 gathers one bucket of `placement.sync_bucket_mb` at a time (`RemoteWeights`).
 """
 
 from __future__ import annotations
@@ -34,15 +38,25 @@ from typing import Any
 
 import torch
 
+from reasonrl.batch import Rollouts
 from reasonrl.config import Config, resolve_device
-from reasonrl.errors import ConfigError, PlacementError
+from reasonrl.data import system_prompt_for
+from reasonrl.envs import environment_spec
+from reasonrl.errors import ConfigError, PlacementError, WeightSyncError
+from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.policy.model import TINY, load_model_and_tokenizer, load_tokenizer
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
-from reasonrl.registry import ENGINES
+from reasonrl.registry import ADVANTAGES, ENGINES
 from reasonrl.rng import seed_everything
-from reasonrl.rollout import RolloutWorker, make_engine
+from reasonrl.rollout import RolloutWorker, make_engine, prompt_seeds
 from reasonrl.tracking import missing_extra
-from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
+from reasonrl.workers import (
+    CriticWorkerAPI,
+    PolicyWorkerAPI,
+    RolloutWorkerAPI,
+    api_methods,
+    missing_methods,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # what every actor process gets in its environment (besides REASONRL_HOME when set here)
@@ -55,16 +69,24 @@ POLICY_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 
 def preflight(cfg: Config) -> None:
     """What the config asks of this machine, checked before any model loads: the engine's
-    and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA."""
+    and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA, the GPUs of
+    vLLM's tensor parallelism in local mode (ray mode: `check_capacity`, once Ray is up), the
+    environment of multi-turn runs (env.fn's class, the python tool's sandbox)."""
     problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
     if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(("placement.mode", "placement.mode=ray needs Ray: pip install 'reasonrl[ray]'"))
     if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
         problems.append(("model.lora.rank", "model.lora.rank > 0 needs peft: pip install 'reasonrl[lora]'"))
+    tp = cfg.rollout.vllm.tensor_parallel_size
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.rollout.engine == "vllm" and tp > 1 and cfg.placement.mode == "local" and gpus < tp:
+        problems.append(("rollout.vllm.tensor_parallel_size",
+                         f"{tp} GPUs per engine, and this machine has {gpus}"))
     for key, problem in problems:
         if problem is not None:
             raise ConfigError(f"{key}: {problem}")
+    environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
 
 
 @dataclass
@@ -72,14 +94,16 @@ class Workers:
     policy: PolicyWorkerAPI
     rollout: RolloutWorkerAPI
     tokenizer: object
+    critic: CriticWorkerAPI | None = None  # critic estimators (algo.advantage=gae) only
     actors: list = field(default_factory=list)  # ray mode: the actor handles, for close()
 
     def close(self) -> None:
         """Free the workers: engines closed (vLLM's memory and process state), Ray actors
         stopped. Safe to call twice."""
-        policy, rollout, self.policy, self.rollout = self.policy, self.rollout, None, None
+        workers = (self.rollout, self.policy, self.critic)
+        self.policy = self.rollout = self.critic = None
         try:
-            for worker in (rollout, policy):
+            for worker in workers:
                 if worker is not None:
                     worker.close()
         finally:
@@ -94,7 +118,7 @@ class Workers:
 def load_model(cfg: Config, device: str = "cpu"):
     """(model, tokenizer) of `model.path` in `model.dtype` on `device`."""
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, DTYPES[cfg.model.dtype],
-                                                seed=cfg.trainer.seed)
+                                                seed=cfg.trainer.seed, revision=cfg.model.revision)
     return model.to(device), tokenizer
 
 
@@ -108,11 +132,44 @@ def make_policy(cfg: Config, model, tokenizer) -> PolicyWorker:
     return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))
 
 
+def needs_critic(cfg: Config) -> bool:
+    return bool(ADVANTAGES[cfg.algo.advantage].info.get("critic"))
+
+
+def critic_lm(cfg: Config, policy_model, device: str):
+    """The causal LM the critic starts from: `critic.path`'s, or a copy of the policy's model
+    (before any LoRA wrapping). It must read the policy's token ids: same vocabulary size."""
+    if not cfg.critic.path:
+        return copy.deepcopy(policy_model)
+    lm, _ = load_model_and_tokenizer(cfg.critic.path, DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+    if lm.config.vocab_size != policy_model.config.vocab_size:
+        raise ConfigError(f"critic.path={cfg.critic.path}: its vocabulary ({lm.config.vocab_size} tokens) "
+                          f"is not the policy's ({policy_model.config.vocab_size}); the critic reads the "
+                          "policy's ids")
+    return lm.to(device)
+
+
+def value_model(cfg: Config, lm) -> ValueModel:
+    """`lm` with a zero value head (and the policy's LoRA settings: adapters on the body, the
+    head trained in full)."""
+    lo = cfg.model.lora
+    if lo.rank > 0:
+        from reasonrl.policy.lora import apply_lora
+
+        lm = apply_lora(lm, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed + 1)
+    return ValueModel(lm)
+
+
+def make_critic(cfg: Config, lm, tokenizer) -> CriticWorker:
+    return CriticWorker(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim)
+
+
 def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
     # hf shares `model`; vllm starts from a copy of its weights
     engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
     d = cfg.data
-    return RolloutWorker(engine, tokenizer, d.apply_chat_template, d.system_prompt, d.max_prompt_tokens)
+    return RolloutWorker(engine, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
+                         d.truncate_prompts, env=environment_spec(cfg.env))
 
 
 def build_workers(cfg: Config) -> Workers:
@@ -120,12 +177,14 @@ def build_workers(cfg: Config) -> Workers:
         return build_ray_workers(cfg)
     if cfg.placement.mode != "local":
         raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
-    model, tokenizer = load_model(cfg, resolve_device(cfg.placement.device))
+    device = resolve_device(cfg.placement.device)
+    model, tokenizer = load_model(cfg, device)
+    critic = make_critic(cfg, critic_lm(cfg, model, device), tokenizer) if needs_critic(cfg) else None
     # LoRA wraps the policy's model in place: the engine keeps a plain copy (merged weights)
     engine_model = copy.deepcopy(model) if cfg.model.lora.rank > 0 else model
     policy = make_policy(cfg, model, tokenizer)
     rollout = make_rollout(cfg, engine_model, tokenizer)
-    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer)
+    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, critic=critic)
 
 
 # ---- ray mode ---------------------------------------------------------------------------
@@ -144,24 +203,54 @@ def _build_rollout(cfg: Config) -> RolloutWorker:
     return worker
 
 
+def _build_critic(cfg: Config) -> CriticWorker:
+    device = _device(cfg.placement.critic.num_gpus)
+    model, tokenizer = load_model(cfg, device)
+    return make_critic(cfg, critic_lm(cfg, model, device), tokenizer)
+
+
+def _build_critic_rank(cfg: Config, rank: int, world: int, init_method: str, backend: str):
+    """In a critic rank's actor: join the critic's own process group, build and shard."""
+    from reasonrl.policy import parallel
+
+    parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
+    model, tokenizer = load_model(cfg)
+    lm = critic_lm(cfg, model, "cpu")
+    device = torch.device(_device(cfg.placement.critic.num_gpus))
+    sharded = parallel.shard_value_model(value_model(cfg, lm), device,
+                                         parallel.ShardOptions.of(cfg.placement.critic))
+    return parallel.RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, rank, world,
+                                     device=device)
+
+
 def _build_policy(cfg: Config) -> PolicyWorker:
     model, tokenizer = load_model(cfg, _device(cfg.placement.policy.num_gpus))
     return make_policy(cfg, model, tokenizer)
 
 
 def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, backend: str):
-    """In a policy rank's actor: join the process group, load and shard the model."""
+    """In a policy rank's actor: join the process group, load the model (with LoRA: wrapped by
+    the same adapter as every other rank's and local mode's, A drawn from `trainer.seed`) and
+    shard it. The reference model is a sharded copy, or with LoRA the sharded model itself
+    run with the adapter switched off."""
     from reasonrl.policy import parallel
-    from reasonrl.policy.lora import reference_model
+    from reasonrl.policy.lora import AdapterDisabled, apply_lora
 
     parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
     model, tokenizer = load_model(cfg)
-    settings = PolicySettings.from_config(cfg)
-    ref = reference_model(model) if cfg.algo.beta > 0 or cfg.algo.log_kl else None
+    settings, lo = PolicySettings.from_config(cfg), cfg.model.lora
+    wants_ref = cfg.algo.beta > 0 or cfg.algo.log_kl
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if wants_ref and lo.rank == 0 else None
+    if lo.rank > 0:
+        model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
     device = torch.device(_device(cfg.placement.policy.num_gpus))
-    return parallel.RankPolicyWorker(
-        parallel.shard_model(model, device), tokenizer.pad_token_id, settings, rank, world,
-        None if ref is None else parallel.shard_model(ref, device))
+    options = parallel.ShardOptions.of(cfg.placement.policy)
+    root = parallel.shard_model(model, device, options)
+    if ref is not None:
+        ref = parallel.shard_model(ref, device, options)
+    elif wants_ref:
+        ref = AdapterDisabled(root, adapters=model)
+    return parallel.RankPolicyWorker(root, tokenizer.pad_token_id, settings, rank, world, ref, device=device)
 
 
 class WorkerHost:
@@ -218,10 +307,14 @@ class WorkerHost:
 
 @dataclass
 class RemoteWeights:
-    """The policy's named weights, left in Ray's object store: the rollout proxy hands the
-    reference to its actor, so the tensors go actor to actor."""
+    """A weight sync about to happen: the policy's actors and what they will send (the names
+    of `sync_plan`, in buckets). `RemoteRollout.load_weights` moves the buckets one after the
+    other from the policy's rank 0 to every rollout replica through Ray's object store: the
+    tensors go actor to actor, never through the trainer, and at most two buckets are in
+    flight (one being loaded by the replicas, the next being gathered)."""
 
-    ref: Any
+    policy: RemotePolicy
+    buckets: list[list[str]]
 
 
 def _request(w) -> dict[str, float]:
@@ -238,16 +331,37 @@ class RemoteWorker:
     def __init__(self, name: str, actors: list, request: dict[str, float], timeout: float):
         self._name, self._actors, self._request, self._timeout = name, actors, request, timeout
 
-    def _wait(self, refs: list, what: str) -> list:
+    def _wait(self, refs: list, what: str, names: list[str] | None = None) -> list:
+        """ray.get(refs) within placement.call_timeout. `names`: whose each ref is (a rollout
+        replica), for the errors: the ones that time out or die are named, and a
+        `WeightSyncError` says which replica's check failed."""
         import warnings
 
         import ray
 
         timeout = self._timeout
+        if names is not None:
+            _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+            if late:
+                which = ", ".join(n for n, r in zip(names, refs, strict=True) if r in late)
+                raise PlacementError(
+                    f"ray: {which} did not finish {what} within {timeout:g} s (placement.call_timeout); "
+                    f"each holds {self._request}. Raise placement.call_timeout if the work is just slow")
         try:
             with warnings.catch_warnings():  # tensors from the policy arrive read-only: we only read them
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                return ray.get(refs, timeout=timeout)
+                if names is None:
+                    return ray.get(refs, timeout=timeout)
+                out = []
+                for name, ref in zip(names, refs, strict=True):
+                    try:
+                        out.append(ray.get(ref, timeout=timeout))
+                    except ray.exceptions.ActorDiedError as err:
+                        raise PlacementError(f"ray: {name} died during {what} (it holds {self._request}): "
+                                             f"{err}") from None
+                    except WeightSyncError as err:  # Ray's RayTaskError is also the cause's class
+                        raise WeightSyncError(f"{name}: {getattr(err, 'cause', err)}") from None
+                return out
         except ray.exceptions.GetTimeoutError:
             raise PlacementError(
                 f"ray: the {self._name} worker did not finish {what} within {timeout:g} s "
@@ -282,17 +396,23 @@ class RemoteWorker:
 class RemotePolicy(RemoteWorker):
     """`PolicyWorkerAPI` over the policy's actors (see `_forward_api`)."""
 
-    def named_weights(self) -> RemoteWeights:
-        """All ranks gather; rank 0's weights stay in the object store (see `RemoteWeights`)."""
-        import ray
+    def __init__(self, name: str, actors: list, request: dict[str, float], timeout: float, bucket_bytes: int):
+        super().__init__(name, actors, request, timeout)
+        self._bucket_bytes = bucket_bytes
 
-        refs = [a.call.remote("named_weights", (), {}, rank == 0) for rank, a in enumerate(self._actors)]
-        self._wait(refs[1:], "named_weights()")
-        ready, _ = ray.wait(refs[:1], timeout=self._timeout, fetch_local=False)
-        if not ready:
-            raise PlacementError(f"ray: the {self._name} worker did not finish named_weights() within "
-                                 f"{self._timeout:g} s (placement.call_timeout); it holds {self._request}")
-        return RemoteWeights(refs[0])
+    def named_weights(self) -> RemoteWeights:
+        """The sync to come (see `RemoteWeights`): rank 0's `sync_plan` for
+        `placement.sync_bucket_mb`; nothing moves until the rollout proxy loads it."""
+        plan = self._wait([self._actors[0].call.remote("sync_plan", (self._bucket_bytes,), {})],
+                          "sync_plan()")[0]
+        return RemoteWeights(self, plan)
+
+    def _bucket(self, names: list[str]) -> tuple[Any, list]:
+        """Start gathering one bucket (every rank takes part): (rank 0's reference to its
+        tensors, the other ranks' references, whose results are empty)."""
+        refs = [a.call.remote("weight_bucket", (names,), {}, rank == 0)
+                for rank, a in enumerate(self._actors)]
+        return refs[0], refs[1:]
 
     def save_pretrained(self, path, tokenizer=None) -> None:
         self._into_folder("save_pretrained", path)
@@ -303,22 +423,91 @@ class RemotePolicy(RemoteWorker):
         return self._into_folder("save_adapter", path)
 
 
+class RemoteCritic(RemoteWorker):
+    """`CriticWorkerAPI` over the critic's actor (see `_forward_api`)."""
+
+    def save(self, folder) -> None:
+        self._into_folder("save", folder)
+
+
 class RemoteRollout(RemoteWorker):
-    """`RolloutWorkerAPI` over the rollout actor (see `_forward_api`)."""
+    """`RolloutWorkerAPI` over the rollout replicas' actors (`placement.rollout.replicas`), one
+    engine each (see `_forward_api`): one rollout worker to the trainer. A rollout splits the
+    prompts into contiguous shares (whole groups: each prompt's n samples stay on one replica),
+    with the seeds drawn here in prompt order (`prompt_seeds`), and merges the replicas'
+    `Rollouts` in the original order; a weight sync reaches every replica and each checks it.
+    A replica that dies, times out or fails its check is named."""
 
     def __init__(self, name: str, actors: list, request: dict[str, float], timeout: float,
                  encoder: RolloutWorker):
         super().__init__(name, actors, request, timeout)
         self._encoder = encoder
+        self._names = [f"the {name} worker"] if len(actors) == 1 else \
+            [f"{name} replica {i} (of {len(actors)})" for i in range(len(actors))]
 
     def encode(self, example) -> list[int]:
         """Rendered here (the same code, no engine needed): no round trip per prompt."""
         return self._encoder.encode(example)
 
-    def load_weights(self, named_tensors, version: int | None = None, **kwargs) -> None:
-        tensors = named_tensors.ref if isinstance(named_tensors, RemoteWeights) else list(named_tensors)
-        self._wait([self._actors[0].call.remote("load_weights", (tensors,), {"version": version, **kwargs})],
-                   f"load_weights(version={version})")
+    def rollout(self, examples, params, seeds: list[int] | None = None) -> Rollouts:
+        """The replicas' shares of `examples`, merged in order. The seeds are drawn here, from
+        the trainer's RNG, one per prompt: the samples are those of one worker (local mode, or
+        one replica) whatever the number of replicas, and a resumed run draws them again."""
+        if seeds is None and not params.greedy:
+            seeds = prompt_seeds(len(examples))
+        shares = [s.tolist() for s in torch.arange(len(examples)).tensor_split(len(self._actors))]
+        calls = [(name, actor, rows)
+                 for name, actor, rows in zip(self._names, self._actors, shares, strict=True) if rows]
+        refs = [actor.call.remote("rollout", ([examples[i] for i in rows], params,
+                                              None if seeds is None else [seeds[i] for i in rows]), {})
+                for _, actor, rows in calls]
+        parts = self._wait(refs, f"rollout() of {len(examples)} prompts", [name for name, _, _ in calls])
+        versions = {part.policy_version for part in parts}
+        if len(versions) > 1:
+            raise WeightSyncError("rollout replicas serve different policy versions: " + ", ".join(
+                f"{name}: {part.policy_version}" for (name, _, _), part in zip(calls, parts, strict=True)))
+        first = 0
+        for part, (_, _, rows) in zip(parts, calls, strict=True):
+            part.group = part.group + first  # each replica numbered its groups from 0
+            first += len(rows)
+        return Rollouts.concat(parts)
+
+    def probe_due(self) -> list[int] | None:
+        """The probe ids if any replica's engine wants the coming push verified (they count the
+        same pushes)."""
+        due = self._wait([a.call.remote("probe_due", (), {}) for a in self._actors], "probe_due()",
+                         self._names)
+        return next((ids for ids in due if ids is not None), None)
+
+    def load_weights(self, named_tensors, version: int | None = None, expected_checksum: float | None = None,
+                     expected_probe: torch.Tensor | None = None) -> None:
+        """Every replica loads the weights and checks them (checksum, probe), then serves
+        `version`. From the policy's actors (`RemoteWeights`): bucket by bucket, each gathered
+        on the policy's rank 0 while the replicas load the previous one (at most two buckets
+        in flight); the last bucket goes with the checks. Other tensors (from this process)
+        are put in the object store once for all replicas."""
+        import ray
+
+        checks = dict(version=version, expected_checksum=expected_checksum, expected_probe=expected_probe)
+        what = f"load_weights(version={version})"
+        if not isinstance(named_tensors, RemoteWeights):
+            ref = ray.put(list(named_tensors))
+            self._wait([a.call.remote("load_weights", (ref,), checks, False) for a in self._actors], what,
+                       self._names)
+            return
+        policy, buckets = named_tensors.policy, named_tensors.buckets or [[]]
+        loading, gathered = [], []  # the replicas' loads of the previous bucket; its other ranks
+        for i, names in enumerate(buckets):
+            ref, others = policy._bucket(names)
+            self._wait(loading, what, self._names[: len(loading)])
+            policy._wait(gathered, f"weight_bucket() for {what}")
+            last = i == len(buckets) - 1
+            method, kwargs = ("load_weights", checks) if last else ("load_weight_bucket", {})
+            loading = [a.call.remote(method, (ref,), kwargs, False) for a in self._actors]
+            gathered = others
+            del ref
+        self._wait(loading, what, self._names)
+        policy._wait(gathered, f"weight_bucket() for {what}")
 
 
 def _forward(method: str):
@@ -339,6 +528,7 @@ def _forward_api(cls: type, api: type) -> None:
 
 _forward_api(RemotePolicy, PolicyWorkerAPI)
 _forward_api(RemoteRollout, RolloutWorkerAPI)
+_forward_api(RemoteCritic, CriticWorkerAPI)
 
 
 def _connect(p) -> None:
@@ -407,39 +597,93 @@ def check_api(actors: list[tuple[str, Any, Any]], missing: list[list[str]]) -> N
         raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.workers declares them)")
 
 
+def check_capacity(cfg: Config, critics: int) -> None:
+    """PlacementError, before any actor starts, when the workers ask for more CPUs or GPUs than
+    the Ray cluster has in all, or a rollout replica for more GPUs than any one machine has
+    (an actor Ray cannot place would wait for placement.start_timeout): names the keys and
+    the resources that exist. Custom resources are left to the start timeout."""
+    import ray
+
+    p = cfg.placement
+    groups = [("placement.rollout.replicas", p.rollout.replicas, "rollout", p.rollout),
+              ("placement.policy.ranks", p.policy.ranks, "policy", p.policy)]
+    if critics:
+        groups.append(("placement.critic.ranks", critics, "critic", p.critic))
+    total = ray.cluster_resources()
+    have = f"{total.get('CPU', 0):g} CPU and {total.get('GPU', 0):g} GPU"
+    for resource, attr in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        asked = sum(count * getattr(role, attr) for _, count, _, role in groups)
+        if asked > total.get(resource, 0) + 1e-9:
+            parts = " + ".join(f"{key}={count} x placement.{name}.{attr}={getattr(role, attr):g}"
+                               for key, count, name, role in groups if getattr(role, attr))
+            raise PlacementError(f"ray: the workers ask for {asked:g} {resource} in all ({parts}); the Ray "
+                                 f"cluster has {have} in all. Lower placement.rollout.replicas, the ranks or "
+                                 f"the workers' {attr}, or add machines (or placement.num_cpus for a Ray "
+                                 "started by the run)")
+    per_node = [node["Resources"].get("GPU", 0) for node in ray.nodes() if node.get("Alive")]
+    tp = cfg.rollout.vllm.tensor_parallel_size
+    if cfg.rollout.engine == "vllm" and tp > 1 and max(per_node, default=0) < tp:
+        raise PlacementError(f"rollout.vllm.tensor_parallel_size: {tp} GPUs per engine on one machine; the "
+                             f"Ray cluster's machines have {sorted(per_node, reverse=True)} GPUs")
+
+
 def build_ray_workers(cfg: Config) -> Workers:
-    """Actors for the rollout worker and the policy ranks (see the module docstring)."""
+    """Actors for the rollout replicas and the policy ranks (see the module docstring)."""
     p = cfg.placement
     if cfg.model.path not in ("", TINY) and Path(cfg.model.path).exists():  # actors may run elsewhere
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, path=str(Path(cfg.model.path).resolve())))
+    if cfg.critic.path and Path(cfg.critic.path).exists():
+        cfg = dataclasses.replace(cfg, critic=dataclasses.replace(
+            cfg.critic, path=str(Path(cfg.critic.path).resolve())))
     _connect(p)
     env = dict(ACTOR_ENV)
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
-    world = p.policy.ranks
-    names = ["rollout"] + [f"policy rank {r}" if world > 1 else "policy" for r in range(world)]
-    roles = [p.rollout] + [p.policy] * world
-    envs = [env] + [{**env, **POLICY_ENV}] * world
+    world, replicas = p.policy.ranks, p.rollout.replicas
+    critics = p.critic.ranks if needs_critic(cfg) else 0
+    check_capacity(cfg, critics)
+    names = ["rollout" if replicas == 1 else f"rollout replica {i}" for i in range(replicas)]
+    names += [f"policy rank {r}" if world > 1 else "policy" for r in range(world)]
+    names += [f"critic rank {r}" if critics > 1 else "critic" for r in range(critics)]
+    roles = [p.rollout] * replicas + [p.policy] * world + [p.critic] * critics
+    envs = [env] * replicas + [{**env, **POLICY_ENV}] * world + [env] * critics
     actors = [(name, _start(role, cfg, e), role) for name, role, e in zip(names, roles, envs, strict=True)]
-    # 1. every actor running (scheduled on a machine with its resources)
-    init_method = _await_start(actors, [a.rendezvous.remote() for _, a, _ in actors], "start", cfg)[1]
+    # 1. every actor running (scheduled on a machine with its resources); rank 0 of the policy
+    # (and of the critic) offers its group's rendezvous
+    rendezvous = _await_start(actors, [a.rendezvous.remote() for _, a, _ in actors], "start", cfg)
+    init_method, critic_init = rendezvous[replicas], rendezvous[replicas + world] if critics else None
     # 2. every worker built (models loaded; policy ranks joined their process group)
     backend = p.backend if p.backend != "auto" else ("nccl" if p.policy.num_gpus > 0 else "gloo")
-    builds = [actors[0][1].build.remote(_build_rollout, RolloutWorkerAPI, cfg)]
-    for rank, (_, actor, _) in enumerate(actors[1:]):
+    builds = [actor.build.remote(_build_rollout, RolloutWorkerAPI, cfg) for _, actor, _ in actors[:replicas]]
+    for rank, (_, actor, _) in enumerate(actors[replicas: replicas + world]):
         if world == 1:
             builds.append(actor.build.remote(_build_policy, PolicyWorkerAPI, cfg))
         else:
             builds.append(actor.build.remote(_build_policy_rank, PolicyWorkerAPI, cfg, rank, world,
                                              init_method, backend))
+    critic_backend = p.backend if p.backend != "auto" else ("nccl" if p.critic.num_gpus > 0 else "gloo")
+    for rank, (_, actor, _) in enumerate(actors[replicas + world:]):
+        if critics == 1:
+            builds.append(actor.build.remote(_build_critic, CriticWorkerAPI, cfg))
+        else:
+            builds.append(actor.build.remote(_build_critic_rank, CriticWorkerAPI, cfg, rank, critics,
+                                             critic_init, critic_backend))
     missing = _await_start(actors, builds, "load its model", cfg)
     check_api(actors, missing)
 
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision)
     d = cfg.data
-    encoder = RolloutWorker(None, tokenizer, d.apply_chat_template, d.system_prompt, d.max_prompt_tokens)
-    rollout = RemoteRollout("rollout", [actors[0][1]], _request(p.rollout), p.call_timeout, encoder)
+    encoder = RolloutWorker(None, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
+                            d.truncate_prompts)
+    handles = [a for _, a, _ in actors]
+    rollout = RemoteRollout("rollout", handles[:replicas], _request(p.rollout), p.call_timeout, encoder)
     policy = RemotePolicy("policy" if world == 1 else f"policy ({world} ranks)",
-                          [a for _, a, _ in actors[1:]], _request(p.policy), p.call_timeout)
-    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, actors=[a for _, a, _ in actors])
+                          handles[replicas: replicas + world], _request(p.policy), p.call_timeout,
+                          int(p.sync_bucket_mb * 2**20))
+    critic = None
+    if critics:
+        critic = RemoteCritic("critic" if critics == 1 else f"critic ({critics} ranks)",
+                              handles[replicas + world:], _request(p.critic), p.call_timeout)
+    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, critic=critic,
+                   actors=[a for _, a, _ in actors])

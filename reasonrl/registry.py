@@ -87,7 +87,7 @@ class Registry:
         return self[name].fn
 
 
-ADVANTAGES = Registry("algo.advantage", "reasonrl.algo.advantages")
+ADVANTAGES = Registry("algo.advantage", "reasonrl.algo.advantages", "reasonrl.algo.gae")
 RATIO_LEVELS = Registry("algo.ratio_level", "reasonrl.algo.loss")
 LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.loss")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl")
@@ -96,4 +96,7 @@ DATA_TASKS = Registry("data.task", "reasonrl.data.tasks")
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
     "numeric", "gsm8k", "math_equiv", "countdown", "piecewise")))
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components")
+COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdown")
+PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
+ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback")

@@ -142,7 +142,20 @@ PLOTS = [
     Plot("lr", "Learning rate", [("train/lr", "lr")], sci=True),
 ]
 
-STAGES = ["rollout", "reward", "update", "sync", "eval"]  # time/<stage>; "other" = the rest of time/step
+# the critic panel: only for runs with a critic (algo.advantage=gae)
+CRITIC_PLOTS = [
+    Plot("critic_loss", "Value loss", [("critic/vf_loss", "clipped value loss")], smooth=True),
+    Plot("critic_ev", "Explained variance", [("critic/explained_variance", "1 - Var(R - V) / Var(R)")],
+         note="1: the critic predicts the returns; 0: no better than their mean"),
+    Plot("critic_values", "Values and returns (mean over tokens)", [("critic/value_mean", "V"),
+                                                                    ("critic/returns_mean", "return")]),
+    Plot("critic_clip", "Value clip fraction", [("critic/vf_clipfrac", "clipped tokens")],
+         unit_interval=True),
+    Plot("critic_grad_norm", "Critic gradient norm", [("critic/grad_norm", "grad norm")]),
+]
+
+# time/<stage>; "other" = the rest of time/step
+STAGES = ["rollout", "reward", "advantage", "update", "critic", "sync", "eval"]
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 STYLES = ["-", "--", ":", "-."]
 
@@ -422,6 +435,10 @@ table.samples { width: 100%; table-layout: fixed; }
 table.samples th:nth-child(1) { width: 22%; } table.samples th:nth-child(2) { width: 9%; }
 table.samples th:nth-child(3) { width: 39%; } table.samples th:nth-child(n+4) { width: 7.5%; }
 .scroll { overflow-x: auto; } nav a { margin-right: 12px; font-size: 13px; }
+.turn { border-left: 3px solid #1f77b4; padding-left: 6px; margin-bottom: 6px; }
+.who { font-size: 11px; color: #666; text-transform: uppercase; }
+.turn-call { background: #fff6e0; } .turn-observation { background: #eef6ee; }
+.turn-error { background: #fdecec; }
 """
 
 
@@ -452,8 +469,9 @@ def _time_figure(runs: list[Run]) -> str:
         return ('<figure class="plot wide" id="plot-time" data-logged="false"><div class="not-logged">'
                 '<b>Seconds per stage</b><span>not logged</span></div></figure>')
     return ('<figure class="plot wide" id="plot-time" data-logged="true"><img alt="Seconds per stage" '
-            f'src="data:image/png;base64,{image}"><figcaption>time/rollout, time/reward, time/update, '
-            'time/sync, time/eval; other = time/step minus the named stages</figcaption></figure>')
+            f'src="data:image/png;base64,{image}"><figcaption>time/rollout, time/reward, time/advantage, '
+            'time/update, time/critic, time/sync, time/eval; other = time/step minus the named stages'
+            '</figcaption></figure>')
 
 
 def _summary_html(runs: list[Run]) -> str:
@@ -487,6 +505,31 @@ def _eval_html(run: Run) -> str:
     return "".join(parts) or "<p>No held-out evaluation in this run.</p>"
 
 
+def _completion_html(sample: dict) -> str:
+    """A sample's completion; a multi-turn episode's (its `turns`) as one block per turn: the
+    model's text, the tool call it made, what came back (or the error), each labelled, so that
+    model and environment text are told apart. Everything escaped."""
+    turns = sample.get("turns")
+    if not isinstance(turns, list) or not turns:
+        return f'<div class="text">{_e(sample.get("completion", ""))}</div>'
+    parts = []
+    for k, turn in enumerate(turns, 1):
+        turn = turn if isinstance(turn, dict) else {"model": turn}
+        parts.append(f'<div class="turn" data-turn="{k}"><span class="who">model, turn {k}</span>'
+                     f'<div class="text turn-model">{_e(turn.get("model", ""))}</div>')
+        if turn.get("call"):
+            parts.append('<span class="who">tool call</span>'
+                         f'<div class="text turn-call">{_e(turn["call"])}</div>')
+        if turn.get("observation") is not None:
+            parts.append('<span class="who">environment</span>'
+                         f'<div class="text turn-observation">{_e(turn["observation"])}</div>')
+        if turn.get("error"):
+            parts.append('<span class="who">error</span>'
+                         f'<div class="text turn-error">{_e(turn["error"])}</div>')
+        parts.append("</div>")
+    return "".join(parts)
+
+
 def _samples_html(run: Run) -> str:
     steps = sample_steps(run)
     if not steps:
@@ -504,7 +547,7 @@ def _samples_html(run: Run) -> str:
             body += ("<tr>"
                      f'<td><div class="text">{_e(s.get("prompt", ""))}</div></td>'
                      f'<td>{_e(s.get("ground_truth", ""))}</td>'
-                     f'<td><div class="text">{_e(s.get("completion", ""))}</div></td>'
+                     f'<td>{_completion_html(s)}</td>'
                      f'<td class="num">{_e(_fmt(s.get("reward")))}</td>'
                      f"<td>{_e(comp)}</td>"
                      f'<td class="num">{_e(_fmt(s.get("advantage")))}</td>'
@@ -529,6 +572,9 @@ def render_html(runs: list[Run]) -> str:
         '<a href="#samples">samples</a><a href="#config">config</a></nav>',
         f'<h2 id="summary">Summary</h2>{_summary_html(runs)}',
         f'<h2 id="plots">Training curves</h2><div class="grid">{plots}</div>',
+        *([f'<h2 id="critic">Critic</h2><div class="grid">'
+           f'{"".join(_plot_figure(p, runs) for p in CRITIC_PLOTS)}</div>']
+          if any(run.has("critic/vf_loss") for run in runs) else []),
         '<h2 id="eval">Held-out evaluation</h2>',
     ]
     for run in runs:

@@ -76,12 +76,13 @@ class RunDir:
         return {name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
                 for name in LOGS}
 
-    def save(self, step: int, policy, tokenizer, state: dict, merged: bool, keep_last: int) -> Path:
+    def save(self, step: int, policy, tokenizer, state: dict, merged: bool, keep_last: int,
+             critic=None) -> Path:
         """checkpoints/step_N (layout in `reasonrl.checkpoint`), then the oldest beyond
         `keep_last` go. Call after the step's metrics and samples are logged."""
         target = self.path / "checkpoints" / f"step_{step}"
         write_checkpoint(target, policy, tokenizer, {**state, "step": step, "offsets": self.log_offsets()},
-                         merged=merged)
+                         merged=merged, critic=critic)
         rotate(self.path, keep_last)
         return target
 

@@ -7,6 +7,8 @@ then metrics, samples, held-out eval and checkpoints (`Trainer.fit`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import sys
 import time
@@ -15,19 +17,20 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.algo import group_advantages, kl_penalised_rewards
+from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import StepBatch, TrainBatch
-from reasonrl.checkpoint import check_config_changes, config_hash, read_checkpoint
+from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.collect import collect_batch
 from reasonrl.config import Config, to_dict
 from reasonrl.data import PromptSampler, load_examples
 from reasonrl.errors import TrainingAborted, WeightSyncError
-from reasonrl.evaluate import EvalSettings, eval_metrics, evaluate
+from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
 from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
+from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rng import seed_everything, set_rng_state
-from reasonrl.rollout import SamplingParams
+from reasonrl.rollout import SamplingParams, check_prompt_lengths
 from reasonrl.run import RunDir, StopSignals
 from reasonrl.tracking import Tracker
 
@@ -40,26 +43,54 @@ class RunResult:
     last_metrics: dict[str, float]
 
 
+def row_advantage(advantages: torch.Tensor, i: int, mask: list[int]) -> float:
+    """Row i's advantage; a critic's token advantages as their mean over the row's model tokens
+    (`mask`: the row's token mask, 1 on model tokens)."""
+    row = advantages[i]
+    if row.dim() == 0:
+        return row.item()
+    keep = torch.tensor(mask, dtype=torch.bool)
+    return row[: len(mask)][keep].mean().item()
+
+
+def with_epochs(cfg: Config, num_prompts: int) -> Config:
+    """`cfg` with trainer.steps = ceil(epochs x num_prompts / prompts per step) when
+    trainer.epochs > 0 (as TRL's num_train_epochs counts steps over the prompt dataset); the
+    last step of an epoch is filled from the next epoch's shuffle. Unchanged otherwise."""
+    t = cfg.trainer
+    if t.epochs <= 0:
+        return cfg
+    per_step = t.batch_size // cfg.rollout.n
+    steps = max(1, math.ceil(t.epochs * num_prompts / per_step))
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, steps=steps))
+
+
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         self.train_examples, self.held_out = load_examples(cfg.data, t.seed)
+        if t.epochs > 0:
+            self.cfg = cfg = with_epochs(cfg, len(self.train_examples))
+            t = cfg.trainer
+            print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
+                  f"prompts, {t.batch_size // r.n} per step)", flush=True)
         check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
+        self.eval_settings = eval_settings(cfg, entropy=False, progress=False)
+        record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
         self.run = RunDir.locate(cfg)
         self.workers = build_workers(cfg)
         # Seed after loading: a first-run model conversion draws random numbers (weight
         # init before the GGUF weights are copied in); the run must not depend on the cache.
         seed_everything(t.seed)
-        self.policy, self.rollout = self.workers.policy, self.workers.rollout
-        for example in self.train_examples[:1000] + self.held_out:  # fail now, not at step 500
-            self.rollout.encode(example)
+        self.policy, self.rollout, self.critic = (self.workers.policy, self.workers.rollout,
+                                                  self.workers.critic)
+        # every prompt too long for data.max_prompt_tokens, listed now, not at step 500
+        check_prompt_lengths(self.rollout, self.train_examples + self.held_out, cfg.data.max_prompt_tokens)
         self.sampler = PromptSampler(self.train_examples, t.seed, cfg.data.shuffle)
         self.sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens)
-        self.eval_settings = EvalSettings(n=1, greedy=True, entropy=False, progress=False,
-                                          max_new_tokens=r.eval_max_new_tokens or r.max_new_tokens)
         self.step_count = 0
         self.bad_steps = 0  # steps in a row with a non-finite loss or gradient
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
@@ -75,6 +106,9 @@ class Trainer:
         check_config_changes(path, state["config"], to_dict(self.cfg), self.cfg.trainer.allow_config_change)
         self.policy.load_weights(weights)
         self.policy.load_state_dict(tensors["policy"])
+        if self.critic is not None:
+            self.critic.load_weights(read_critic_weights(path / CRITIC_DIR))
+            self.critic.load_state_dict(tensors["critic"])
         self.sampler.load_state_dict(state["sampler"])
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
         self.sync_weights()
@@ -88,39 +122,34 @@ class Trainer:
         reset_gpu_peak()
         t0 = time.perf_counter()
         batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg)
-        times, metrics = dict(batch.seconds), {}
-        if algo.beta > 0 and algo.kl_in == "reward":
-            t = time.perf_counter()
-            metrics["train/kl_in_reward"] = self.penalise_kl(batch)
-            times["reward"] += time.perf_counter() - t
-        rollouts = batch.rollouts
+        rollouts, times = batch.rollouts, dict(batch.seconds)
         if rollouts.policy_version != self.step_count:  # the update below assumes on-policy data
             raise WeightSyncError(f"step {self.step_count + 1}: rollouts came from policy version "
                                   f"{rollouts.policy_version}, expected {self.step_count}")
-        advantages = group_advantages(batch.rewards, rollouts.group, algo.advantage, algo.std_eps)
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         t = time.perf_counter()
-        metrics.update(self.policy.train_step(TrainBatch(rollouts.prompt_ids, rollouts.completion_ids,
-                                                         advantages, loss_mask, rollouts.sampler_logprobs)))
-        times["update"] = time.perf_counter() - t
+        advantages, critic_batch, metrics = estimate_advantages(batch, self.cfg, self.policy, self.critic,
+                                                                loss_mask)
+        times["advantage"] = time.perf_counter() - t
+        if critic_batch is not None:
+            t = time.perf_counter()
+            metrics.update(self.critic.train_step(critic_batch))
+            times["critic"] = time.perf_counter() - t
+        if critic_batch is None or self.step_count >= self.cfg.critic.warmup_steps:  # critic warm-up first
+            t = time.perf_counter()
+            train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
+                               rollouts.sampler_logprobs, rollouts.token_mask)
+            metrics.update(self.policy.train_step(train))
+            times["update"] = time.perf_counter() - t
         self.step_count += 1  # the policy is now at version step_count
         t = time.perf_counter()
         self.sync_weights()
         times["sync"] = time.perf_counter() - t
         times["step"] = time.perf_counter() - t0
-        metrics.update(batch_metrics(batch, advantages))
+        metrics.update(batch_metrics(batch, advantages, loss_mask))
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update(gpu_memory_metrics())
         return metrics, batch, advantages
-
-    def penalise_kl(self, batch: StepBatch) -> float:
-        """KL in the reward: r_i - beta * sum_t KL_t (`kl_penalised_rewards`); returns the mean KL."""
-        rollouts = batch.rollouts
-        seq_kl = self.policy.sequence_kl(rollouts.prompt_ids, rollouts.completion_ids)
-        # per completion: the [N] sums as [N, 1] "tokens" (a 1-D mask would sum over rows)
-        batch.rewards = kl_penalised_rewards(batch.rewards, seq_kl[:, None], torch.ones(len(seq_kl), 1),
-                                             self.cfg.algo.beta)
-        return seq_kl.mean().item()
 
     def sync_weights(self) -> None:
         """Push the policy's weights to the rollout engine and check, by checksum (and for
@@ -132,8 +161,9 @@ class Trainer:
                                   expected_probe=None if probe is None else self.policy.probe_logprobs(probe))
 
     def evaluate(self) -> dict[str, float]:
-        """`reasonrl.evaluate.evaluate` on the held-out set (greedy), as `eval/` metrics: the
-        same function and numbers as `reasonrl eval --greedy`."""
+        """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
+        (default greedy, one sample), as `eval/` metrics: pass@k overall and per data_source.
+        The same function and numbers as `reasonrl eval` with those settings (`--greedy`)."""
         if not self.held_out:
             return {}
         t = time.perf_counter()
@@ -155,8 +185,10 @@ class Trainer:
         print(f"[reasonrl] run directory: {run_dir}", flush=True)
         eval_before = self.evaluate()
         if eval_before:
+            s = self.eval_settings
+            how = "greedy" if s.greedy else f"sampled at T={s.temperature:g}"
             print(f"[reasonrl] held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
-                  f"({int(eval_before['eval/num_prompts'])} problems, greedy)", flush=True)
+                  f"({int(eval_before['eval/num_prompts'])} problems, {how})", flush=True)
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
@@ -164,11 +196,12 @@ class Trainer:
         state = {"sampler": self.sampler.state_dict(), "config": config, "config_hash": config_hash(config),
                  "eval_before": eval_before, "bad_steps": self.bad_steps}
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,
-                             self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last)
+                             self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last, self.critic)
 
     def count_bad_step(self, metrics: dict[str, float]) -> None:
-        """A step whose update met a non-finite loss or gradient (the worker skipped it)."""
-        bad = metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
+        """A step whose policy or critic update met a non-finite loss or gradient (skipped)."""
+        bad = (metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
+               or metrics.get("critic/updates", 0) > 0 and metrics.get("critic/skipped_update", 0) > 0)
         self.bad_steps = self.bad_steps + 1 if bad else 0
         metrics["train/bad_steps"] = float(self.bad_steps)
         if bad:
@@ -189,10 +222,15 @@ class Trainer:
         than one group's)."""
         rollouts, scores, n = batch.rollouts, batch.scores, self.cfg.rollout.n
         picks = [i for i in range(0, len(rollouts), n)][: self.cfg.trainer.log_samples]
-        return [{"prompt": rollouts.examples[i].prompt, "ground_truth": rollouts.examples[i].ground_truth,
+        rows = [{"prompt": rollouts.examples[i].prompt, "ground_truth": rollouts.examples[i].ground_truth,
                  "completion": rollouts.texts[i], "reward": scores.total[i].item(),
                  "components": {k: v[i].item() for k, v in scores.components.items()},
-                 "advantage": advantages[i].item(), "truncated": bool(rollouts.truncated[i])} for i in picks]
+                 "advantage": row_advantage(advantages, i, rollouts.token_mask[i]),
+                 "truncated": bool(rollouts.truncated[i])} for i in picks]
+        if rollouts.environment:  # multi-turn: each turn (model, tool call, observation) for the report
+            for row, i in zip(rows, picks, strict=True):
+                row["turns"] = [dataclasses.asdict(turn) for turn in rollouts.turns[i]]
+        return rows
 
     def fit(self) -> RunResult:
         cfg = self.cfg

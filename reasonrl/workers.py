@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from reasonrl.batch import Example, Rollouts, TrainBatch
+from reasonrl.batch import CriticBatch, Example, Rollouts, TrainBatch
 from reasonrl.rollout.base import SamplingParams
 
 
@@ -24,8 +24,8 @@ class PolicyWorkerAPI(Protocol):
         """The optimizer steps of one training step; `train/` metrics."""
         ...
 
-    def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """[N] the summed per-token KL to the reference model (KL in the reward)."""
+    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's per-token KL to the reference model (KL in the reward)."""
         ...
 
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -35,6 +35,17 @@ class PolicyWorkerAPI(Protocol):
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The weights a rollout engine serves, by HF name (LoRA: merged)."""
+        ...
+
+    def sync_plan(self, bucket_bytes: int) -> list[list[str]]:
+        """The names of the weights a sync sends (those training changes: with LoRA only the
+        adapted layers, merged), in buckets of at most `bucket_bytes` that keep each decoder
+        layer whole (a larger layer or tensor is a bucket of its own)."""
+        ...
+
+    def weight_bucket(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        """The full tensors of `names` (one bucket of `sync_plan`), on the CPU. Data-parallel
+        ranks: collective, gathered on rank 0 alone (the other ranks return [])."""
         ...
 
     def weights_checksum(self) -> float: ...
@@ -54,14 +65,41 @@ class PolicyWorkerAPI(Protocol):
     def close(self) -> None: ...
 
 
+class CriticWorkerAPI(Protocol):
+    """The value model of critic estimators (algo.advantage=gae)."""
+
+    def values(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's per-token values V(s_t)."""
+        ...
+
+    def train_step(self, batch: CriticBatch) -> dict[str, float]: ...
+
+    def save(self, folder: Path) -> None: ...
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class RolloutWorkerAPI(Protocol):
     def encode(self, example: Example) -> list[int]:
         """The prompt's token ids (DataError when it is longer than allowed)."""
         ...
 
-    def rollout(self, examples: list[Example], params: SamplingParams) -> Rollouts: ...
+    def rollout(self, examples: list[Example], params: SamplingParams,
+                seeds: list[int] | None = None) -> Rollouts:
+        """Example i's completions from `seeds[i]` (None: drawn from torch's RNG per example)."""
+        ...
 
     def probe_due(self) -> list[int] | None: ...
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A part of a streamed push, loaded unchecked; `load_weights` ends the push and checks."""
+        ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
                      expected_checksum: float | None = None,

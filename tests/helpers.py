@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig
-from reasonrl.policy.worker import PolicySettings
+from reasonrl.policy.worker import PolicySettings, make_micro_batches
 
 _ALGO = {f.name for f in dataclasses.fields(AlgoConfig)}
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
@@ -28,3 +29,51 @@ def patch_entry(monkeypatch, registry, name: str, fn, **info) -> None:
 
     registry.names()  # fill it first, so the patch is not overwritten by the first lookup
     monkeypatch.setitem(registry._entries, name, Entry(name, fn, info))
+
+
+def spy_on(engine):
+    """Record every id the engine samples, per generate call and row."""
+    sampled: list[list[list[int]]] = []
+    generate = engine.generate
+
+    def recording(prompt_ids, params, seeds=None):
+        gen = generate(prompt_ids, params, seeds)
+        sampled.append([list(ids) for ids in gen.completion_ids])
+        engine.sampled_logprobs.append(gen.logprobs)
+        return gen
+    engine.sampled_logprobs = []  # per call: the engine's log-probs of each row (None: none reported)
+    engine.generate = recording
+    return sampled
+
+
+def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokenizer, pad_id: int) -> None:
+    """Each row's completion is its sampled turns (exactly the engine's ids; a turn cut by a
+    limit is a prefix of them) with the environment's ids between them; the mask is 1 exactly
+    on the sampled ids; the policy's micro-batches train on those ids with that mask. Call t of
+    the engine sampled, in row order, the rows that had more than t turns."""
+    assert max(r.num_turns.tolist()) >= 2  # really multi-turn
+    for k in range(len(r)):
+        ids, mask = r.completion_ids[k], r.token_mask[k]
+        assert len(mask) == len(ids) and set(mask) <= {0, 1}
+        runs, start = [], 0  # maximal runs of model (1) and environment (0) ids
+        for t in range(1, len(ids) + 1):
+            if t == len(ids) or mask[t] != mask[start]:
+                runs.append((mask[start], ids[start:t]))
+                start = t
+        model_runs = [run for bit, run in runs if bit == 1]
+        assert len(model_runs) == int(r.num_turns[k])
+        for turn, run in enumerate(model_runs):
+            j = sum(1 for i in range(k) if int(r.num_turns[i]) > turn)  # its row in that engine call
+            sample = sampled[turn][j]
+            assert run == sample[: len(run)], f"row {k} turn {turn}: not the ids the engine sampled"
+            assert len(run) == len(sample) or (turn == len(model_runs) - 1 and bool(r.truncated[k]))
+        for bit, run in runs:
+            if bit == 0:  # environment ids are an observation's tokenization
+                assert run == tokenizer(tokenizer.decode(run), add_special_tokens=False)["input_ids"]
+    for size, share in [(1, False), (3, True)]:
+        for mb in make_micro_batches(r.prompt_ids, r.completion_ids, size, pad_id, share, r.token_mask):
+            for j, i in enumerate(mb.rows):
+                n = len(r.completion_ids[i])
+                assert mb.targets[j, :n].tolist() == r.completion_ids[i]
+                assert mb.mask[j, :n].tolist() == [float(b) for b in r.token_mask[i]]
+                assert mb.mask[j, n:].sum() == 0

@@ -92,6 +92,70 @@ def test_ctrl_c_then_resume_is_exact(tmp_path, reference, capsys):
     assert state["step"] == 4 and state["sampler"] == {"epoch": 0, "position": 8}
 
 
+PPO = ["algo.advantage=gae", "rollout.n=1", "critic.warmup_steps=1", "critic.lr=1e-3", "algo.lam=0.95"]
+
+
+def test_ppo_run_stopped_and_resumed_is_exact(tmp_path):
+    """PPO with a critic: 2 steps, stop, resume, 2 more end bitwise where 4 straight steps end:
+    the policy and the critic (weights and optimizer state) and every metric."""
+    Trainer(smoke_cfg(tmp_path, "straight", *PPO)).fit()
+    first = smoke_cfg(tmp_path, "r", *PPO, "trainer.save_every=2", "trainer.keep_last=0")
+    trainer = Trainer(first)
+    step = trainer.step
+
+    def stop_after_two():
+        out = step()
+        if trainer.step_count == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    trainer.step = stop_after_two
+    with pytest.raises(TrainingInterrupted):
+        trainer.fit()
+    assert (tmp_path / "r" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors").is_file()
+    Trainer(smoke_cfg(tmp_path, "r", *PPO, "trainer.resume=auto", "trainer.save_every=2",
+                      "trainer.keep_last=0")).fit()
+    assert_same_run(tmp_path / "r", tmp_path / "straight")
+    rows = metrics(tmp_path / "r")
+    assert "train/loss" not in rows[1] and "train/loss" in rows[2]  # one warm-up step: critic only
+    assert all(r["critic/updates"] == 1 for r in rows[1:])
+    critic = [load_file(tmp_path / name / "checkpoints" / f"step_{STEPS}" / "critic" /
+                        "value_model.safetensors") for name in ("r", "straight")]
+    assert critic[0].keys() == critic[1].keys()
+    assert all(torch.equal(critic[0][k], critic[1][k]) for k in critic[0])
+    assert critic[0]["value_head.weight"].abs().max() > 0  # the head learned something
+
+
+MULTI_TURN = [f"env.fn={REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo", "env.max_turns=3",
+              "env.max_turn_tokens=6"]
+
+
+def test_multi_turn_run_stopped_and_resumed_is_exact(tmp_path):
+    """Multi-turn episodes (model turns, environment observations, per-episode turn seeds):
+    2 steps, stop, resume, 2 more end bitwise where 4 straight steps end, samples (with their
+    turns) and every metric included."""
+    Trainer(smoke_cfg(tmp_path, "straight", *MULTI_TURN)).fit()
+    trainer = Trainer(smoke_cfg(tmp_path, "r", *MULTI_TURN, "trainer.save_every=2", "trainer.keep_last=0"))
+    step = trainer.step
+
+    def stop_after_two():
+        out = step()
+        if trainer.step_count == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    trainer.step = stop_after_two
+    with pytest.raises(TrainingInterrupted):
+        trainer.fit()
+    Trainer(smoke_cfg(tmp_path, "r", *MULTI_TURN, "trainer.resume=auto", "trainer.save_every=2",
+                      "trainer.keep_last=0")).fit()
+    assert_same_run(tmp_path / "r", tmp_path / "straight")
+    rows = metrics(tmp_path / "r")
+    assert all(r["env/turns_mean"] > 1 and r["env/env_tokens_mean"] > 0 for r in rows[1:])
+    samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
+    assert all(len(s["turns"]) >= 1 and "observation" in s["turns"][0] for s in samples)
+
+
 def test_changed_config_is_refused_unless_allowed(tmp_path, reference):
     out, name = reference.parent, reference.name  # only read: nothing here writes to it
     with pytest.raises(ConfigError, match=r"optim.lr: 0.0001 -> 0.001.*--allow-config-change optim.lr"):

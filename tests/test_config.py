@@ -20,12 +20,13 @@ from reasonrl.config import (
     load_config,
     parse_override,
 )
-from reasonrl.registry import REWARD_COMPONENTS
+from reasonrl.data import system_prompt_for
+from reasonrl.registry import ADVANTAGES, REWARD_COMPONENTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TRAINER_KEYS = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
-SECTIONS = "model, data, rollout, reward, algo, optim, trainer, placement, tracking"
+SECTIONS = ", ".join(f.name for f in dataclasses.fields(Config))  # model, data, ..., tracking
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -49,7 +50,8 @@ def test_defaults_load():
     assert cfg == Config()
     assert cfg.model.path == ""
     assert cfg.data.task == "arithmetic"
-    assert cfg.data.system_prompt == DEFAULT_SYSTEM_PROMPT
+    assert cfg.data.system_prompt == "auto"  # the task's own: arithmetic's is DEFAULT_SYSTEM_PROMPT
+    assert system_prompt_for(cfg.data) == DEFAULT_SYSTEM_PROMPT
     assert cfg.data.arithmetic.operators == ["+"]
     assert (cfg.rollout.n, cfg.trainer.batch_size, cfg.trainer.steps) == (4, 32, 20)
     assert cfg.reward.weights == {"correct": 1.0}
@@ -174,8 +176,8 @@ def test_unknown_key_in_yaml_file(tmp_path):
 
 def test_bad_literal_names_key_and_allowed_values():
     msg = config_error("algo.advantage=foo")
-    assert msg == ("algo.advantage: 'foo' is not allowed; allowed values: raw, grpo, grpo_no_std, "
-                   "dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline")
+    assert msg == "algo.advantage: 'foo' is not allowed; allowed values: " + ", ".join(ADVANTAGES.names())
+    assert ADVANTAGES.names()[:5] == ("raw", "grpo", "grpo_no_std", "dr_grpo", "rloo")
 
 
 @pytest.mark.parametrize("override, message", [
@@ -424,3 +426,38 @@ def test_local_workers_live_on_the_configured_device(monkeypatch):
         for model in (workers.policy.model, workers.rollout.engine.model):
             assert {p.device.type for p in model.parameters()} == {"cpu"}
         assert workers.policy.device.type == "cpu"
+
+
+# ------------------------------------------------------- issue 17: reward, data, eval, trainer keys
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["reward.gate=[format]"], "reward.gate: 'format' is not in reward.weights, so it is not computed"),
+    (["reward.gate=[formatt]"], "reward.gate.formatt: unknown reward component"),
+    (["reward.combine=product"], "reward.combine: 'product' is not allowed; allowed values: sum, all"),
+    (["reward.fn=a:b", "reward.batch_fn=c:d"], "reward.fn and reward.batch_fn: set one"),
+    (["reward.batch_fn=nocolon"], "reward.batch_fn: expected module:function"),
+    (["reward.countdown_rule=tinyzer0"], "reward.countdown_rule: 'tinyzer0' is not allowed (did you mean "
+                                         "'tinyzero'?); allowed values: subset, tinyzero"),
+    (["reward.piecewise_rule=regex"], "allowed values: transparent_grpo, partial_credit"),
+    (["data.truncate_prompts=right"], "data.truncate_prompts: 'right' is not allowed; allowed values: "
+                                      "error, left"),
+    (["trainer.epochs=-1"], "trainer.epochs: must be >= 0, got -1.0"),
+    (["eval.top_p=0"], "eval.top_p: must be in (0, 1], got 0.0"),
+    (["eval.temperature=-0.5"], "eval.temperature: must be >= 0"),
+    (["eval.n=3"], "eval.n: greedy evaluation (eval.temperature=0) gives n identical samples"),
+])
+def test_new_keys_are_checked_at_start_up(overrides, needle):
+    assert needle in config_error(*overrides)
+
+
+def test_new_keys_default_to_todays_behaviour():
+    cfg = load_config(None)
+    assert (cfg.reward.combine, cfg.reward.gate, cfg.reward.batch_fn) == ("sum", [], "")
+    assert (cfg.reward.countdown_rule, cfg.reward.piecewise_rule) == ("subset", "partial_credit")
+    assert (cfg.data.truncate_prompts, cfg.trainer.epochs) == ("error", 0.0)
+    assert cfg.optim.gradient_checkpointing is False
+    assert (cfg.eval.n, cfg.eval.temperature, cfg.eval.k, cfg.eval.max_new_tokens) == (1, 0.0, [], 0)
+    ok = load_config(None, ["reward.weights={correct: 1, format_r1_zero: 0}", "reward.gate=[format_r1_zero]",
+                            "reward.combine=all", "eval.n=4", "eval.temperature=0.6", "eval.k=[1, 4]"])
+    assert ok.reward.gate == ["format_r1_zero"] and ok.eval.k == [1, 4]

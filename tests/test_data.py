@@ -519,3 +519,132 @@ def test_prepare_writes_files_the_loader_reads(tmp_path, suffix):
     assert len(load_file(out)) == 10
     with pytest.raises(DataError, match="--input is required"):
         prepare("math", out)
+
+
+# -------------------------------------------- Countdown-Tasks-3to4, templates, unused options
+
+
+@pytest.mark.parametrize("name", ["countdown_3to4.jsonl", "countdown_3to4.parquet"])
+def test_prepare_countdown_converts_tinyzero_records(tmp_path, name):
+    """TinyZero's layout ({"target", "nums"}) -> its question, ground truth {"numbers", "target"},
+    data_source countdown; --skip / --limit take TinyZero's train/test windows."""
+    from reasonrl.data.prepare import TINYZERO_COUNTDOWN, prepare
+
+    src = FIXTURES / "recipes" / name
+    lines = (FIXTURES / "recipes" / "countdown_3to4.jsonl").read_text().splitlines()
+    raw = [json.loads(line) for line in lines]
+    assert prepare("countdown", tmp_path / "train.jsonl", src, limit=8) == 8
+    assert prepare("countdown", tmp_path / "test.jsonl", src, skip=8) == len(raw) - 8 == 4
+    train, test = load_file(tmp_path / "train.jsonl"), load_file(tmp_path / "test.jsonl")
+    first, last = train[0], test[-1]
+    assert first.prompt == TINYZERO_COUNTDOWN.format(numbers=raw[0]["nums"], target=raw[0]["target"])
+    assert "each number can only be used once" in first.prompt
+    assert json.loads(first.ground_truth) == {"numbers": raw[0]["nums"], "target": raw[0]["target"]}
+    assert first.data_source == "countdown" and first.meta["index"] == 0 and last.meta["index"] == 11
+    assert json.loads(last.ground_truth)["target"] == raw[11]["target"]
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"nums": [1, 2]}', "field 'target' must be an integer"),
+    ('{"target": "24", "nums": [1, 2]}', "field 'target' must be an integer"),
+    ('{"target": 24, "nums": []}', "field 'nums' must be a non-empty list of integers"),
+    ('{"target": 24, "nums": [1, 2.5]}', "field 'nums' must be a non-empty list of integers"),
+    ('[24, [1, 2]]', "expected a JSON object"),
+])
+def test_prepare_countdown_errors_name_file_line_and_field(tmp_path, line, needle):
+    from reasonrl.data.prepare import convert_countdown
+
+    path = write_lines(tmp_path, ['{"target": 3, "nums": [1, 2]}', line])
+    with pytest.raises(DataError, match=rf"data\.jsonl:2: {needle}"):
+        convert_countdown(path)
+
+
+def test_prepare_r1_zero_template_writes_reasonrl_prompts():
+    from reasonrl.data.prepare import R1_ZERO_TEMPLATE, prepare_gsm8k
+
+    (record,) = prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl", limit=1, template="r1_zero")
+    question = record["extra_info"]["question"]
+    assert record["prompt"] == R1_ZERO_TEMPLATE.format(question=question.strip())
+    assert record["prompt"].endswith(f"User: {question.strip()}\nAssistant: <think>")
+    assert record["ground_truth"] == "72"
+    # the repository's fixture in ReasonRL's own layout is exactly this, without the extras
+    theirs = json.loads((FIXTURES / "recipes" / "reasonrl_gsm8k_train.jsonl").read_text().splitlines()[0])
+    assert theirs == {"prompt": record["prompt"], "ground_truth": "72"}
+
+
+@pytest.mark.parametrize("task, options, needle", [
+    ("countdown", {"input": "x.jsonl", "size": 5}, "--size not used when converting --input (it uses "
+                                                   "--input, --limit, --skip)"),
+    ("countdown", {"input": "x.jsonl", "seed": 1}, "--seed not used when converting --input"),
+    ("countdown", {"input": "x.jsonl", "instruction": "hi"}, "--instruction not used"),
+    ("countdown", {"limit": 5}, "--limit not used when generating (it uses --seed, --size)"),
+    ("piecewise", {"input": "x.jsonl"}, "--input not used (piecewise problems are generated)"),
+    ("piecewise", {"skip": 2}, "--skip not used when generating"),
+    ("gsm8k", {"input": "x.jsonl", "size": 10}, "--size not used when converting --input"),
+    ("math", {"input": "x.jsonl", "seed": 3, "size": 9}, "--size, --seed not used"),
+    ("gsm8k", {"input": "x.jsonl", "template": "r1_zero", "instruction": "hi"},
+     "--instruction not used with --template r1_zero"),
+])
+def test_prepare_options_given_but_unused_are_errors(tmp_path, task, options, needle):
+    from reasonrl.config import ConfigError
+    from reasonrl.data.prepare import prepare
+
+    with pytest.raises(ConfigError) as err:
+        prepare(task, tmp_path / "out.jsonl", options.pop("input", None), **options)
+    assert needle in str(err.value)
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+# ------------------------------------------------------------------------ system prompt
+
+
+@pytest.mark.parametrize("task, configured, expected", [
+    ("arithmetic", "auto", "calculator"),  # arithmetic keeps its calculator prompt
+    ("file", "auto", ""),  # a file task gets none unless the config sets one
+    ("countdown", "auto", ""),
+    ("piecewise", "auto", ""),
+    ("file", "Be brief.", "Be brief."),
+    ("arithmetic", "", ""),
+])
+def test_system_prompt_rule(task, configured, expected):
+    from reasonrl.config import DEFAULT_SYSTEM_PROMPT
+    from reasonrl.data import system_prompt_for
+
+    found = system_prompt_for(DataConfig(task=task, system_prompt=configured))
+    assert found == (DEFAULT_SYSTEM_PROMPT if expected == "calculator" else expected)
+
+
+def test_a_gsm8k_file_is_not_told_to_answer_like_a_calculator(tmp_path, tokenizer):
+    """Through the worker the run builds: a file task's prompt has no system turn by default."""
+    from reasonrl.config import load_config
+    from reasonrl.data import system_prompt_for
+    from reasonrl.rollout import RolloutWorker
+
+    cfg = load_config("configs/gsm8k.yaml", ["data.system_prompt=auto"])
+    worker = RolloutWorker(None, tokenizer, True, system_prompt_for(cfg.data), 512)  # as placement builds it
+    text = tokenizer.decode(worker.encode(Example("How many eggs?", "3", "gsm8k")))
+    assert "calculator" not in text and "How many eggs?" in text
+    arith = RolloutWorker(None, tokenizer, True, system_prompt_for(load_config(None).data), 512)
+    assert "careful calculator" in tokenizer.decode(arith.encode(Example("What is 2 + 3?", "5", "a")))
+
+
+# ------------------------------------------------------------------------ prompt length
+
+
+def test_prompts_too_long_are_all_listed_or_cut_from_the_left(tmp_path, tokenizer):
+    from reasonrl.rollout import RolloutWorker, check_prompt_lengths
+
+    examples = [Example(" ".join(["word"] * n), "1", "s", {"origin": f"d.jsonl:{i}"})  # n tokens
+                for i, n in enumerate([5, 200, 3, 300] + [250] * 11, start=1)]
+    worker = RolloutWorker(None, tokenizer, False, "", 100)
+    with pytest.raises(DataError) as err:
+        check_prompt_lengths(worker, examples, 100)
+    message = str(err.value)
+    assert message.startswith("13 prompt(s) longer than data.max_prompt_tokens=100: d.jsonl:2 (200 tokens); "
+                              "d.jsonl:4 (300 tokens); d.jsonl:5 (250 tokens)")
+    assert "; and 3 more. Raise data.max_prompt_tokens" in message and "truncate_prompts=left" in message
+    left = RolloutWorker(None, tokenizer, False, "", 100, truncate_prompts="left")
+    check_prompt_lengths(left, examples, 100)  # nothing raised
+    full = tokenizer(examples[1].prompt, add_special_tokens=False)["input_ids"]
+    assert left.encode(examples[1]) == full[-100:]  # the last 100 tokens, as TRL's left truncation
+    assert left.encode(examples[0]) == worker.encode(examples[0])  # short prompts untouched

@@ -2,6 +2,7 @@
 end-to-end runs on the tiny model."""
 
 import copy
+import dataclasses
 import itertools
 import json
 import math
@@ -11,18 +12,23 @@ import pytest
 import torch
 from helpers import policy_settings
 
+from reasonrl.batch import Example
 from reasonrl.cli import main
 from reasonrl.config import load_config
+from reasonrl.errors import ConfigError, DataError
 from reasonrl.evaluate import (
+    EvalSettings,
     ProbeThresholds,
     PromptResult,
     compare_deltas,
+    eval_settings,
     final_answer,
     format_compare,
     majority_vote,
     pass_at_k,
     probe_metrics,
     probe_verdict,
+    record_plan,
     summarize,
 )
 from reasonrl.policy.worker import PolicyWorker
@@ -110,6 +116,72 @@ def test_summarize_hand_computed():
     assert m["truncated_frac"] == pytest.approx(3 / 8)
     assert m["format_error_rate"] == pytest.approx(4 / 8)
     assert m["reward_errors"] == 1
+
+
+def test_summarize_with_records_of_their_own_n_and_k():
+    """Prompts with n_i samples and their own pass@k (EasyRL's records): pass@k over the prompts
+    that report k; accuracy over samples. Hand-computed."""
+    def prompt(source, correct, ks):
+        n = len(correct)
+        return PromptResult(source, [float(c) for c in correct], correct, ["1"] * n, [4] * n, [False] * n,
+                            ks=ks)
+
+    results = [prompt("aime", [True, False, False, False], (1, 4)),  # n 4, c 1
+               prompt("gsm8k", [True], (1,)),  # n 1, c 1
+               prompt("gsm8k", [False], (1,))]
+    m = summarize(results, ks=(1,))
+    assert m["num_prompts"] == 3 and m["num_samples"] == 6
+    assert m["accuracy"] == pytest.approx(2 / 6)
+    assert m["pass@1"] == pytest.approx((1 / 4 + 1 + 0) / 3)
+    assert m["pass@4"] == pytest.approx(1.0)  # only the aime prompt reports it: 1 - C(3,4)/C(4,4) = 1
+    # without ks of their own, each prompt reports the given ks up to its n
+    plain = [dataclasses.replace(r, ks=()) for r in results]
+    assert set(summarize(plain, ks=(1, 4))) >= {"pass@1", "pass@4"}
+    assert summarize(plain, ks=(1, 4))["pass@4"] == pytest.approx(1.0)
+
+
+def example(**extra):
+    return Example("q", "1", "s", {**extra, "origin": "v.parquet:3"})
+
+
+@pytest.mark.parametrize("settings, extra, plan", [
+    (EvalSettings(n=1, greedy=True), {}, (1, (1,))),  # the default: greedy, one sample
+    (EvalSettings(n=2, ks=(1, 2), temperature=0.6), {"pass@k": 8}, (8, (1, 2, 8))),  # k raises n
+    (EvalSettings(n=2, ks=(1, 2), temperature=0.6), {"n": 16, "pass@k": 8}, (16, (1, 2, 8))),
+    (EvalSettings(n=4, ks=(1, 4), temperature=0.6), {"n": 2}, (2, (1,))),  # pass@4 > n left out
+    (EvalSettings(n=4, ks=(1, 4), temperature=0.6, record_overrides=False), {"n": 2}, (4, (1, 4))),
+])
+def test_record_plan(settings, extra, plan):
+    assert record_plan([example(**extra)], settings) == [plan]
+
+
+@pytest.mark.parametrize("settings, extra, needle", [
+    (EvalSettings(n=1, greedy=True), {"pass@k": 4}, "v.parquet:3: the record asks for 4 samples"),
+    (EvalSettings(n=2), {"n": 2, "pass@k": 4}, "v.parquet:3: field 'extra_info.pass@k' is 4"),
+    (EvalSettings(n=2), {"n": 0}, "v.parquet:3: field 'extra_info.n' must be an integer >= 1"),
+    (EvalSettings(n=2, temperature=1.0), {"pass@k": "8"}, "field 'extra_info.pass@k' must be an integer"),
+])
+def test_record_plan_errors_name_the_record(settings, extra, needle):
+    with pytest.raises(DataError) as err:
+        record_plan([example(**extra)], settings)
+    assert needle in str(err.value)
+
+
+def test_eval_settings_come_from_the_eval_section():
+    default = eval_settings(load_config("configs/default.yaml"))
+    assert (default.n, default.greedy, default.ks, default.max_new_tokens) == (1, True, (1,), 40)
+    cfg = load_config("configs/default.yaml", ["eval.n=4", "eval.temperature=0.7", "eval.top_p=0.9",
+                                               "eval.top_k=5", "eval.max_new_tokens=12"])
+    s = eval_settings(cfg, entropy=False)
+    assert (s.n, s.greedy, s.temperature, s.top_p, s.top_k, s.ks, s.max_new_tokens, s.entropy) == (
+        4, False, 0.7, 0.9, 5, (1, 4), 12, False)
+    assert eval_settings(load_config(None, ["eval.n=8", "eval.temperature=1", "eval.k=[2, 8]"])).ks == (2, 8)
+    for bad, needle in [(["eval.n=4"], "eval.n: greedy evaluation"),
+                        (["eval.n=2", "eval.temperature=1", "eval.k=[4]"], "eval.k: pass@4 needs"),
+                        (["rollout.eval_max_new_tokens=8"], "rollout.eval_max_new_tokens is now "
+                                                            "eval.max_new_tokens")]:
+        with pytest.raises(ConfigError, match=needle):
+            load_config(None, bad)
 
 
 def test_probe_metrics_hand_computed():
@@ -289,3 +361,23 @@ def test_default_model_eval_on_arithmetic(tmp_path):
     m = json.loads(out.read_text())["overall"]
     assert m["num_samples"] == 32 and 0 < m["pass@4"] <= 1 and m["pass@1"] <= m["pass@4"]
     assert 0.05 < m["entropy_mean"] < 3
+
+
+def test_eval_options_fill_the_eval_section(tmp_path, capsys):
+    """`reasonrl eval` and the trainer read one section: with no option, the config's eval
+    section (here sampled, n 2, top-k 5); options replace its keys; --n > 1 on a greedy section
+    samples at rollout.temperature."""
+    out = tmp_path / "e.json"
+    base = [*SMOKE, "--no-entropy", "--limit", "2", "--output", str(out), *LENGTH_REWARD]
+    assert main(["eval", *base, "eval.n=2", "eval.temperature=0.5", "eval.top_k=5"]) == 0
+    s = json.loads(out.read_text())["settings"]
+    assert (s["n"], s["greedy"], s["temperature"], s["top_k"], s["ks"]) == (2, False, 0.5, 5, [1, 2])
+    assert main(["eval", *base, "eval.n=2", "eval.temperature=0.5", "--n", "4", "--top-p", "0.9"]) == 0
+    s = json.loads(out.read_text())["settings"]
+    assert (s["n"], s["temperature"], s["top_p"], s["ks"]) == (4, 0.5, 0.9, [1, 4])
+    assert main(["eval", *base, "--n", "3"]) == 0  # greedy section: rollout.temperature (1.0)
+    s = json.loads(out.read_text())["settings"]
+    assert (s["n"], s["greedy"], s["temperature"]) == (3, False, 1.0)
+    assert main(["eval", *base]) == 0  # the default section: greedy, one sample
+    s = json.loads(out.read_text())["settings"]
+    assert (s["n"], s["greedy"], s["ks"]) == (1, True, [1])

@@ -119,6 +119,26 @@ def test_missing_metrics_and_a_torn_last_line(tmp_path):
     assert "No samples.jsonl rows." in text and "No held-out evaluation" in text
 
 
+def test_the_critic_panel_appears_only_with_a_critic(tmp_path):
+    run = tmp_path / "ppo"
+    run.mkdir()
+    lines = [{"step": t, "reward/mean": 0.1 * t, "critic/vf_loss": 1.0 / t,
+              "critic/explained_variance": 0.1 * t,
+              "critic/value_mean": 0.05 * t, "critic/returns_mean": 0.1 * t, "critic/vf_clipfrac": 0.0,
+              "critic/grad_norm": 2.0, "time/step": 2.0, "time/critic": 0.5} for t in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    text = write_report([run]).read_text()
+    logged = dict(re.findall(r'id="plot-([a-z_]+)"[^>]*data-logged="(true|false)"', text))
+    assert '<h2 id="critic">Critic</h2>' in text
+    for name in ("critic_loss", "critic_ev", "critic_values", "critic_clip", "critic_grad_norm"):
+        assert logged[name] == "true", name
+    assert load_run(run).series("critic/vf_loss") == ([1, 2, 3], [1.0, 0.5, 1.0 / 3])
+    other = tmp_path / "grpo"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    assert 'id="critic"' not in write_report([other]).read_text()
+
+
 def test_a_step_logged_twice_keeps_the_last_values(tmp_path):
     run = tmp_path / "resumed"
     run.mkdir()

@@ -19,7 +19,9 @@ from reasonrl.rewards import (
     make_reward_fn,
     numbers_equal,
     numeric_reward,
+    paired_tags_format_reward,
     parse_number,
+    r1_zero_format_reward,
     score,
     think_answer_format_reward,
 )
@@ -226,11 +228,78 @@ def test_boxed_and_answer_present(completion: str, boxed: float, present: float)
     assert answer_present_reward(completion) == present
 
 
+# trl_GRPO's format rule (issue 17): tags in pairs (any order, any text between), 0.5; with a
+# \boxed{} in the <answer>, 1.0; an unpaired or missing tag, 0.
+@pytest.mark.parametrize("completion, expected", [
+    (r"<think>x</think> so <answer>\boxed{4}</answer>", 1.0),  # the issue's example (strict rule: 0)
+    (r"<think>x</think><answer>\boxed{4}</answer>", 1.0),
+    ("<think>x</think><answer>4</answer>", 0.5),  # paired, no \boxed{}
+    (r"<answer>\boxed{4}</answer><think>x</think>", 1.0),  # order is free
+    (r"<think>a</think><think>b</think><answer>\boxed{4}</answer>", 1.0),  # two pairs are pairs
+    (r"<think>x</think> \boxed{4} <answer>4</answer>", 0.5),  # \boxed{} outside the <answer>
+    (r"<think>x<answer>\boxed{4}</answer>", 0.0),  # <think> unpaired
+    (r"<think>x</think><answer>\boxed{4}", 0.0),  # <answer> unpaired
+    (r"<answer>\boxed{4}</answer>", 0.0),  # no think pair
+    (r"<think>x</think> \boxed{4}", 0.0),  # no answer pair
+    (r"\boxed{4}", 0.0),  # the issue's bare box
+    ("", 0.0),
+])
+def test_paired_tags_format_reward(completion: str, expected: float) -> None:
+    assert paired_tags_format_reward(completion) == expected
+
+
+# ReasonRL's `_check_format`: </think>, <answer>, </answer> once each and in that order; the
+# opening <think> is in the R1-Zero prompt. Exact case, as str.count there.
+@pytest.mark.parametrize("completion, expected", [
+    ("reasoning here </think> <answer>18</answer>", 1.0),  # R1-Zero: <think> was in the prompt
+    ("<think>r</think><answer>18</answer>", 1.0),
+    ("r </think>\n<answer>\\boxed{18}</answer> trailing text", 1.0),
+    ("r </think> then words <answer>18</answer>", 1.0),  # text between is allowed there
+    (r"\boxed{18}", 0.0),  # the issue's bare box: ReasonRL gives 0.0
+    ("<answer>18</answer>", 0.0),  # no </think>
+    ("r </think> 18", 0.0),  # no answer
+    ("r </think> <answer>18</answer> </think>", 0.0),  # </think> twice
+    ("r </think> <answer>1</answer> <answer>2</answer>", 0.0),  # <answer> twice
+    ("<answer>18</answer> r </think>", 0.0),  # wrong order
+    ("r </think> </answer>18<answer>", 0.0),  # closed before opened
+    ("r </THINK> <ANSWER>18</ANSWER>", 0.0),  # case-sensitive
+])
+def test_r1_zero_format_reward(completion: str, expected: float) -> None:
+    assert r1_zero_format_reward(completion) == expected
+
+
+# ReasonRL's strict reward: 1.0 only when the format is right and the answer is; a gate makes
+# the weighted sum all-or-nothing. Hand-computed totals per row.
+STRICT = [
+    ("r </think> <answer>18</answer>", 1.0),  # format and answer: 1
+    (r"\boxed{18}", 0.0),  # right answer, no format (sum without the gate: 1.0)
+    ("r </think> <answer>17</answer>", 0.0),  # format, wrong answer
+    ("r </think> 18", 0.0),
+]
+
+
+def test_gate_makes_the_sum_all_or_nothing() -> None:
+    completions, expected = [c for c, _ in STRICT], [t for _, t in STRICT]
+    weights = {"correct": 1.0, "format_r1_zero": 0.0}
+    gated = score(completions, ["18"] * 4, weights, fallback_last_number=False, gate=["format_r1_zero"])
+    assert gated.total == expected
+    assert gated.components == {"correct": [1.0, 1.0, 0.0, 0.0], "format_r1_zero": [1.0, 0.0, 1.0, 0.0]}
+    summed = score(completions, ["18"] * 4, weights, fallback_last_number=False)
+    assert summed.total == [1.0, 1.0, 0.0, 0.0]  # today's sum: the bare box earns 1.0
+    # combine=all gates on every weighted component: 0.5 x 1 + 1 x 0.5 with both > 0
+    both = score([r"<think>a</think><answer>\boxed{18}</answer>", "<think>a</think><answer>18</answer>",
+                  r"\boxed{18}"], ["18"] * 3, {"correct": 0.5, "format": 1.0}, gate=["correct", "format"])
+    assert both.total == [1.5, 1.0, 0.0]
+    with pytest.raises(ValueError, match="gate"):
+        score(["x"], ["1"], {"correct": 1.0}, gate=["format"])
+
+
 # ---------------------------------------------------------------------------- registry / score
 
 
 def test_reward_components_and_make_reward_fn() -> None:
-    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "boxed", "answer_present"}
+    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero", "boxed",
+                                              "answer_present"}
     assert make_reward_fn("correct")("so 18", "18") == 1.0
     assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
     assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5

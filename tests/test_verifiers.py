@@ -25,8 +25,8 @@ from reasonrl.rewards import (
 )
 from reasonrl.rewards.countdown import countdown_reward, evaluate_equation, parse_countdown_truth
 from reasonrl.rewards.gsm8k import extract_gsm8k_answer, gsm8k_reward
-from reasonrl.rewards.math_equiv import math_reward
-from reasonrl.rewards.piecewise import WEIGHTS, piecewise_reward
+from reasonrl.rewards.math_equiv import check_math_truth, math_reward
+from reasonrl.rewards.piecewise import WEIGHTS, piecewise_reward, transparent_grpo_rule
 from reasonrl.rewards.pool import get_pool
 from reasonrl.rewards.verifiers import as_score, load_target
 
@@ -213,6 +213,47 @@ def test_countdown_parts_and_format_score():
     assert evaluate_equation("3 ** 2") is None and evaluate_equation("f(3)") is None
 
 
+# TinyZero's rule (reward.countdown_rule=tinyzero): its compute_score's own cases. TinyZero's
+# debug example: numbers [93, 43, 1], target 51, "(93-43)+1" -> 1.0; every number exactly once;
+# format_score (0.1) for any answer present, prose included; 0 without <answer>.
+TZ = json.dumps({"numbers": [93, 43, 1], "target": 51})
+CD3 = json.dumps({"numbers": [3, 5, 7], "target": 15})
+
+
+@pytest.mark.parametrize("completion, truth, tinyzero, subset", [
+    ("<think>93-43=50, 50+1=51</think>\n\n<answer>(93-43)+1</answer>", TZ, 1.0, 1.0),
+    ("<answer>(93 - 43) + 1</answer>", TZ, 1.0, 1.0),
+    ("<answer>1 + 93 - 43</answer>", TZ, 1.0, 1.0),
+    ("<answer>3*5</answer>", CD3, 0.1, 1.0),  # the issue's case: 7 unused (at most once: fine)
+    ("<answer>3*5*7/7</answer>", CD3, 0.1, 0.1),  # 7 twice
+    ("<answer>I cannot find it</answer>", CD3, 0.1, 0.0),  # prose: present but wrong
+    ("<answer></answer>", CD3, 0.1, 0.0),  # present, empty
+    ("<answer>(7-5)*3 = 6</answer>", CD3, 0.1, 0.1),  # "=" is not in TinyZero's characters
+    ("<answer>-3+5+7</answer>", json.dumps({"numbers": [3, 5, 7], "target": 9}), 1.0, 0.0),  # unary minus
+    ("<answer>3*(7-5.0)</answer>", json.dumps({"numbers": [3, 5, 7, 0], "target": 6}), 1.0, 0.0),  # "5.0"
+    ("<answer>(3+5)/7*7</answer>", json.dumps({"numbers": [3, 5, 7, 7], "target": 8}), 1.0, 1.0),  # exact
+    ("<answer>3**2+5-7</answer>", json.dumps({"numbers": [3, 2, 5, 7], "target": 7}), 0.1, 0.0),  # no **
+    ("<answer>(5+7)//3</answer>", json.dumps({"numbers": [5, 7, 3], "target": 4}), 0.1, 0.0),  # no //
+    ("<answer>7/(5-5)*3</answer>", json.dumps({"numbers": [7, 5, 5, 3], "target": 0}), 0.1, 0.1),  # 1/0
+    ("\\boxed{3*5+7-7}", CD3, 0.0, 0.1),  # TinyZero reads <answer> only
+    ("3*5 = 15", CD3, 0.0, 0.0),
+    ("<answer>3*5", CD3, 0.0, 0.0),  # never closed
+])
+def test_countdown_rules(completion, truth, tinyzero, subset):
+    assert countdown_reward(completion, truth, {}, rule="tinyzero")["score"] == tinyzero
+    assert countdown_reward(completion, truth, {})["score"] == subset
+
+
+def test_countdown_rule_through_the_config():
+    examples = [Example("q", CD3, "countdown")] * 2
+    completions = ["<answer>3*5</answer>", "<answer>no idea</answer>"]
+    assert score_examples(completions, examples, RewardConfig()).total == [1.0, 0.0]
+    cfg = RewardConfig(countdown_rule="tinyzero", countdown_format_score=0.2)
+    result = score_examples(completions, examples, cfg)
+    assert result.total == [0.2, 0.2]
+    assert result.parts[1] == {"format": 1.0, "valid": 0.0, "equals_target": 0.0}
+
+
 @pytest.mark.parametrize("truth", ["24", '{"target": 24}', '{"numbers": [], "target": 24}',
                                    '{"numbers": [1, "2"], "target": 24}', '{"numbers": [1], "target": 2.5}'])
 def test_countdown_bad_ground_truth(truth):
@@ -287,7 +328,11 @@ def test_verifier_precedence():
     custom = verifier_for("gsm8k", RewardConfig(task="math", fn="m:f"))
     assert (custom.task, custom.target, custom.isolated) == ("custom", "m:f", True)
     v = verifier_for("countdown", RewardConfig(countdown_format_score=0.2, timeout=3.0))
-    assert dict(v.options) == {"format_score": 0.2} and not v.isolated
+    assert dict(v.options) == {"format_score": 0.2, "rule": "subset"} and not v.isolated
+    v = verifier_for("countdown", RewardConfig(countdown_rule="tinyzero"))
+    assert dict(v.options) == {"format_score": 0.1, "rule": "tinyzero"}
+    batch = verifier_for("gsm8k", RewardConfig(batch_fn="m:scores", isolate_fn=False))
+    assert (batch.task, batch.target, batch.isolated, batch.batch) == ("batch", "m:scores", False, True)
 
 
 def test_default_arithmetic_scoring_is_unchanged():
@@ -380,6 +425,108 @@ def test_check_examples_names_file_line_and_field():
         check_examples(bad, RewardConfig())
     with pytest.raises(GroundTruthError, match=r"a\.jsonl:1: .*task gsm8k"):
         check_examples([Example("q", "five", "gsm8k", {"origin": "a.jsonl:1"})], RewardConfig())
+
+
+# ------------------------------------------------- Transparent GRPO's piecewise rule
+
+# ToyEnv.compute_reward's credits, hand-summed: boundary (x = 2 or -2, with "continuous" or
+# "lim") 0.2, equation for a 0.25, a = -3 0.15, equation for b 0.25, b = 3 0.15, answer 0.2.
+@pytest.mark.parametrize("completion, score", [
+    (FULL, 0.25 + 0.15 + 0.25 + 0.15 + 0.2),  # no "continuous"/"lim": no boundary credit
+    ("f is continuous at x = 2. " + FULL, 1.0),  # all six, capped at 1.0 (they sum to 1.2)
+    ("The limit at x=-2: -7 = -4 - b, so b = 3.", 0.2 + 0.25 + 0.15),
+    ("Continuity at x=-2: -7 = -4 - b, so b = 3.", 0.25 + 0.15),  # "continuity" is neither word
+    ("2a + 3 = -3", 0.25),  # "2a.*=.*-3"
+    ("a = 5, so -3", 0.25),  # its loose regex: "a.*=.*-3"
+    ("the answer is 10", 0.2),  # "answer.*0" on the lower-cased text
+    ("a+b = 0", 0.2),
+    ("nothing useful", 0.0),
+])
+def test_transparent_grpo_piecewise_rule(completion, score):
+    assert transparent_grpo_rule(completion, PW)["score"] == pytest.approx(score)
+    assert piecewise_reward(completion, PW, {}, rule="transparent_grpo")["score"] == pytest.approx(score)
+
+
+def test_transparent_grpo_rule_is_for_the_canonical_problem():
+    with pytest.raises(GroundTruthError, match="canonical problem"):
+        transparent_grpo_rule("x", json.dumps({"k": 3, "a": 1, "b": 2}))
+    with pytest.raises(ConfigError, match="piecewise_rule=transparent_grpo"):
+        from reasonrl.config import load_config
+
+        load_config(None, ["data.task=piecewise", "reward.piecewise_rule=transparent_grpo",
+                           "data.piecewise.train_variants=2"])
+
+
+# -------------------------------------------------------- MATH ground truths at start-up
+
+@pytest.mark.parametrize("truth, readable", [
+    ("4", True), ("\\frac{1}{2}", True), ("(1,3)", True), ("\\text{Monday}", True), ("5\\sqrt{2}", True),
+    ("@@@", False), ("#", False), ("   ", False),
+])
+def test_math_truth_check(truth, readable):
+    """math-verify parses what it understands into [expression, text] and what it does not into
+    [text] alone: the check fails on the latter (run here in-process to test the rule itself)."""
+    if readable:
+        assert check_math_truth("", truth) == 1.0
+    else:
+        with pytest.raises(GroundTruthError):
+            check_math_truth("", truth)
+
+
+def test_math_ground_truths_are_checked_at_start_in_the_pool(tmp_path):
+    """`check_examples` sends each distinct MATH ground truth to the reward worker pool (sympy
+    never runs in the training process) and names the first unreadable one's file:line."""
+    good = [Example("q", t, "math", {"origin": f"m.jsonl:{i}"}) for i, t in enumerate(["4", "4", "\\pi"], 1)]
+    check_examples(good, RewardConfig())
+    bad = good + [Example("q", "@@@", "math", {"origin": "m.jsonl:9"})]
+    with pytest.raises(GroundTruthError, match=r"m\.jsonl:9: field 'ground_truth': math-verify cannot read "
+                                               r"ground truth '@@@'.*\(task math\)"):
+        check_examples(bad, RewardConfig())
+    # scoring such a record is an error too, never a silent 0
+    with pytest.raises(GroundTruthError, match=r"m\.jsonl:9"):
+        score_examples(["\\boxed{4}"], bad[-1:], RewardConfig())
+
+
+# ------------------------------------------------------------------ reward.batch_fn
+
+BATCH = f"{FIXTURES / 'batch_reward.py'}"
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_batch_reward_sees_the_whole_batch_and_its_groups(isolate):
+    examples = [Example("q", "7", "x", {"origin": f"f:{i}"}) for i in range(4)]
+    cfg = RewardConfig(batch_fn=f"{BATCH}:group_rank", isolate_fn=isolate, weights={"correct": 2.0})
+    result = score_examples(["7", "it is 7", "no", "7!"], examples, cfg, groups=[0, 0, 1, 1])
+    assert result.components["correct"] == [1.5, 1.0, 0.0, 1.5]  # the first hit of each group: +0.5
+    assert result.total == [3.0, 2.0, 0.0, 3.0] and result.errors == result.timeouts == 0
+    parts = score_examples(["7", "8"], examples[:2], RewardConfig(batch_fn=f"{BATCH}:with_parts",
+                                                                 isolate_fn=isolate))
+    assert parts.total == [1.0, 0.0] and parts.parts == [{"origin_seen": 1.0}] * 2
+
+
+@pytest.mark.parametrize("name, isolate, errors, timeouts, needle", [
+    ("exploding", True, 3, 0, "batch reward exploded"),
+    ("exploding", False, 3, 0, "batch reward exploded"),
+    ("short", True, 3, 0, "one score per completion (3)"),
+    ("short", False, 3, 0, "one score per completion (3)"),
+    ("hanging", True, 0, 3, "timeout"),
+])
+def test_batch_reward_failures_score_zero_and_are_counted(name, isolate, errors, timeouts, needle):
+    start = time.perf_counter()
+    cfg = RewardConfig(batch_fn=f"{BATCH}:{name}", isolate_fn=isolate, timeout=0.2)
+    result = score_examples(["a", "b", "c"], examples_for(["1"] * 3), cfg, groups=[0, 0, 1])
+    assert result.total == [0.0, 0.0, 0.0]
+    assert (result.errors, result.timeouts) == (errors, timeouts)
+    assert all(needle in result.failures[i] for i in range(3))
+    assert time.perf_counter() - start < 5  # the time limit is 0.2 s x 3 completions
+
+
+def test_batch_reward_checked_at_start():
+    check_examples(examples_for(["1"]), RewardConfig(batch_fn=f"{BATCH}:group_rank"))
+    for fn, needle in [(f"{BATCH}:one_arg", "completions, ground_truths, groups, extra_infos"),
+                       (f"{BATCH}:missing", "no function")]:
+        with pytest.raises(ConfigError, match=needle):
+            check_examples(examples_for(["1"]), RewardConfig(batch_fn=fn))
 
 
 # ------------------------------------------- property: reference solutions score 1.0

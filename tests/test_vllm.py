@@ -17,7 +17,7 @@ import torch
 from helpers import policy_settings
 
 from reasonrl.algo import truncated_importance_weights
-from reasonrl.batch import TrainBatch
+from reasonrl.batch import Example, TrainBatch
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, WeightSyncError
 from reasonrl.placement import preflight
@@ -280,6 +280,40 @@ def test_vllm_probe_catches_a_stale_tied_lm_head(vllm_setup, monkeypatch):
     worker.load_weights(original.named_weights(), version=2, expected_checksum=original.weights_checksum(),
                         expected_probe=original.probe_logprobs(worker.probe_due()))
     assert worker.policy_version == 2
+
+
+@needs_vllm
+def test_vllm_multi_turn_token_in_token_out(vllm_setup):
+    """Multi-turn episodes on vLLM (a turn ends at the Echo environment's stop string "e",
+    observations in between): the trained ids are exactly the sampled ids, the mask is 1
+    exactly on them, the sampler's log-probs sit on the model's tokens (0 on the
+    environment's) and equal the policy's log-probs of those tokens in the whole trajectory."""
+    from helpers import check_token_in_token_out, spy_on
+
+    from reasonrl.envs import environment_spec
+
+    engine, model, tokenizer, _ = vllm_setup
+    sampled = spy_on(engine)
+    try:
+        cfg = load_config(Path(__file__).parent.parent / "configs" / "smoke.yaml", [
+            f"env.fn={Path(__file__).parent / 'fixtures' / 'echo_env.py'}:Echo", "env.max_turns=3",
+            "env.max_turn_tokens=6"])
+        worker = RolloutWorker(engine, tokenizer, env=environment_spec(cfg.env))
+        torch.manual_seed(0)
+        r = worker.rollout([Example(p, "5") for p in PROMPTS], SamplingParams(n=2, max_new_tokens=16))
+    finally:
+        del engine.generate
+    check_token_in_token_out(r, sampled, tokenizer, tokenizer.pad_token_id)
+    policy = PolicyWorker(model, tokenizer.pad_token_id, policy_settings())
+    expected = policy.row_logprobs(model, r.prompt_ids, r.completion_ids)
+    for k in range(len(r)):
+        mask = torch.tensor(r.token_mask[k], dtype=torch.bool)
+        assert torch.all(r.sampler_logprobs[k][~mask] == 0) and torch.all(r.sampler_logprobs[k][mask] < 0)
+        diff = (r.sampler_logprobs[k][mask] - expected[k][mask]).abs().max().item()
+        assert diff < 1e-4, f"row {k}: sampler and policy log-probs differ by {diff}"  # ~1e-6 in fp32
+    first = engine.sampled_logprobs[0]  # the engine's own log-probs of turn 1 (its budget: never cut)
+    for k in range(len(r)):
+        assert torch.equal(r.sampler_logprobs[k][: len(sampled[0][k])], first[k])
 
 
 @needs_vllm

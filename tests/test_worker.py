@@ -77,7 +77,8 @@ def test_temperature_scales_logits(base_model):
     torch.testing.assert_close(hot[0], expected, rtol=1e-5, atol=1e-5)
 
 
-def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, loss_mask=None, **hyper):
+def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, loss_mask=None,
+                   token_mask=None, **hyper):
     """One `train_step` on a copy of `model`; returns (the gradient at each optimizer step,
     metrics, the worker). lr = 0 unless `sgd_lr`, which swaps AdamW for plain SGD so that
     later steps depend on earlier gradients only linearly (round-off stays round-off)."""
@@ -100,7 +101,8 @@ def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, 
         return inner(*args, **kwargs)
 
     worker.optimizer.step = step
-    metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, advantages, loss_mask))
+    metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, advantages, loss_mask,
+                                           token_mask=token_mask))
     return steps, metrics, worker
 
 
@@ -340,10 +342,23 @@ def test_reference_model_only_when_beta_positive(base_model):
     assert not any(p.requires_grad for p in worker.ref_model.parameters())
 
 
-def test_sequence_kl_is_zero_against_an_identical_reference(base_model):
+def test_token_kl_is_zero_against_an_identical_reference(base_model):
     worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.05, kl_estimator="k1"))
-    kl = worker.sequence_kl(PROMPTS, COMPLETIONS)
-    assert kl.shape == (4,) and kl.abs().max().item() < 1e-6
+    kl = worker.token_kl(PROMPTS, COMPLETIONS)
+    assert [len(k) for k in kl] == [len(c) for c in COMPLETIONS]
+    assert max(k.abs().max().item() for k in kl) < 1e-6
+
+
+def test_token_level_advantages_equal_repeated_sequence_advantages(base_model):
+    """A [N, T] advantage holding each row's value at every token is the [N] advantage."""
+    flat = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
+    tokens = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
+    width = max(len(c) for c in COMPLETIONS)
+    a = flat.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+    b = tokens.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES[:, None].expand(-1, width).clone()))
+    assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-6)
+    for p, q in zip(flat.model.parameters(), tokens.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
 def test_update_moves_weights_and_zero_advantage_does_not(base_model):
@@ -440,3 +455,73 @@ def test_loss_mask_drops_rows(base_model):
     m = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES,
                                      loss_mask=torch.tensor([True, False, True, False])))
     assert m["train/tokens"] == 3 + 5
+
+
+# ---- multi-turn episodes: the loss sees only the model's tokens -----------------------------
+
+# 1 = a token the model sampled, 0 = an environment token between its turns (context only)
+TOKEN_MASKS = [[1, 0, 1], [1], [1, 1, 0, 0, 1], [1, 1]]
+
+
+def masked_objective(model, loss_agg, masks=TOKEN_MASKS, advantages=ADVANTAGES, max_len=8,
+                     ratio_level="token"):
+    """The on-policy objective written out over model tokens only: each row's forward sees
+    every token (the environment's as context), the sums and normalisers count the masked ones."""
+    n = len(PROMPTS)
+    model_tokens = sum(sum(m) for m in masks)
+    objective = 0.0
+    for p, c, a, m in zip(PROMPTS, COMPLETIONS, advantages, masks, strict=True):
+        keep = torch.tensor(m, dtype=torch.bool)
+        logp = naive_logprobs(model, p, c)[keep]
+        log_ratio = logp - logp.detach()
+        if ratio_level == "sequence":
+            log_ratio = logp - logp.detach() + log_ratio.mean().detach()
+        per_token = -a * torch.exp(log_ratio)
+        objective = objective + {
+            "token": per_token.sum() / model_tokens,
+            "sequence": per_token.mean() / n,
+            "seq_mean_token_sum": per_token.sum() / n,
+            "seq_mean_token_sum_norm": per_token.sum() / (n * max_len),
+        }[loss_agg]
+    return objective
+
+
+@pytest.mark.parametrize("loss_agg", AGGREGATIONS)
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_multi_turn_gradient_is_the_masked_objective_for_every_micro_batch_size(base_model, loss_agg,
+                                                                               ratio_level):
+    """With token masks (multi-turn rows) the gradient is that of the objective over model
+    tokens, the same for micro-batch sizes 1-4 with and without a shared prompt."""
+    hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8, token_mask=TOKEN_MASKS)
+    (full,), m_full, _ = run_train_step(base_model, 4, share_prompt=False, **hyper)
+    model = copy.deepcopy(base_model)
+    expected = model_grads(model, masked_objective(model, loss_agg, ratio_level=ratio_level))
+    assert_grads_close(full, expected, "masked hand-written")
+    assert m_full["train/tokens"] == 8.0  # model tokens only (13 completion tokens in all)
+    for size, share in [(1, False), (3, False), (1, True), (2, True), (4, True)]:
+        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share, **hyper)
+        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}")
+        for key in ("train/loss", "train/entropy"):
+            assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+
+
+def test_multi_turn_invariance_with_kl_entropy_epochs_and_mini_batches(base_model):
+    """KL in the loss, the entropy bonus, 2 epochs x 2 mini-batches: every optimizer step's
+    gradient is the same for micro-batch sizes 1, 2 and 4, masks included; an all-ones mask is
+    no mask at all (bitwise)."""
+    hyper = dict(ppo_epochs=2, mini_batches=2, sgd_lr=0.5, token_mask=TOKEN_MASKS, **EXTRAS)
+    full, m_full, _ = run_train_step(base_model, 4, **hyper)
+    for size in (1, 2):
+        steps, metrics, _ = run_train_step(base_model, size, **hyper)
+        for k, (grads, expected) in enumerate(zip(steps, full, strict=True)):
+            assert_grads_close(grads, expected, f"micro_batch_size={size}, optimizer step {k}")
+        assert metrics["train/kl"] == pytest.approx(m_full["train/kl"], rel=1e-4)
+    ones = [[1] * len(c) for c in COMPLETIONS]
+    (a,), ma, _ = run_train_step(base_model, 2, loss_agg="token")
+    (b,), mb, _ = run_train_step(base_model, 2, loss_agg="token", token_mask=ones)
+    assert all(torch.equal(a[k], b[k]) for k in a) and ma["train/loss"] == mb["train/loss"]
+
+
+def test_a_token_mask_of_the_wrong_length_is_refused():
+    with pytest.raises(ValueError, match="row 0: a token mask of 2 for 3 completion tokens"):
+        make_micro_batches(PROMPTS, COMPLETIONS, 2, 0, token_masks=[[1, 1], [1], [1] * 5, [1, 1]])

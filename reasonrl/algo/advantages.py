@@ -41,7 +41,10 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
     its reward and the rewards around it. Std is the unbiased estimate; a group (or batch)
     whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
     std_eps = 0 (where 0/0 would be NaN)."""
-    return ADVANTAGES.get(mode)(rewards.float(), group, std_eps)
+    entry = ADVANTAGES[mode]
+    if entry.info.get("critic"):
+        raise ValueError(f"algo.advantage={mode} needs a critic's values (reasonrl.algo.gae), not groups")
+    return entry.fn(rewards.float(), group, std_eps)
 
 
 @ADVANTAGES.register("raw", needs_groups=False)

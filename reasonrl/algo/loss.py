@@ -1,7 +1,8 @@
 """The clipped policy-gradient loss, its importance ratio, and aggregation over tokens.
 
 Shapes: per-token tensors are [N, T] (N completions, T completion positions) with a
-`mask` [N, T] of valid tokens; advantages are [N].
+`mask` [N, T] of valid tokens; advantages are [N] (one per completion) or [N, T] (per token,
+from a critic's GAE).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     loss_t = min(loss_t, -A * c) where A < 0 (Ye et al. 2020, "Mastering Complex Control
     in MOBA Games with Deep RL", AAAI, dual-clip PPO; verl's `clip_ratio_c`, default 3).
     """
-    adv = advantages.unsqueeze(-1)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N] or per token [N, T]
     ratio = torch.exp(log_importance_ratio(logp, old_logp, mask, ratio_level))
     unclipped = -adv * ratio
     clipped_loss = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)

@@ -11,8 +11,9 @@ from reasonrl.data.arithmetic import arithmetic_examples, arithmetic_problem
 from reasonrl.data.files import load_file, load_files, load_jsonl
 from reasonrl.data.prompts import PromptSampler, render_prompt
 from reasonrl.data.readers import iter_records
-from reasonrl.data.tasks import load_examples, take_per_source
+from reasonrl.data.tasks import load_examples, system_prompt_for, take_per_source
 from reasonrl.errors import DataError
 
 __all__ = ["DataError", "PromptSampler", "arithmetic_examples", "arithmetic_problem", "iter_records",
-           "load_examples", "load_file", "load_files", "load_jsonl", "render_prompt", "take_per_source"]
+           "load_examples", "load_file", "load_files", "load_jsonl", "render_prompt", "system_prompt_for",
+           "take_per_source"]

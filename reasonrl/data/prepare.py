@@ -9,18 +9,24 @@ as JSONL, or Parquet when the output ends in .parquet; `data.task=file` reads bo
 - math: MATH-style records (`problem`, `solution`, optional `answer`, `level`, `type`): the
   ground truth is `answer`, else the last `\\boxed{}` of the solution. Reads JSONL, JSON,
   Parquet, or the official folder of one-problem JSON files.
-- countdown, piecewise: generated from a seed (no input).
+- countdown: `--input` converts TinyZero's Countdown-Tasks-3to4 records (`target`, `nums`;
+  JSONL or Parquet) with TinyZero's question; without it, problems generated from a seed.
+- piecewise: generated from a seed (no input).
+
+An option the chosen preparation does not use (`--size` with `--input`, `--instruction` for
+Countdown, ...) is an error, not silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
 
 from reasonrl.config import CountdownConfig
 from reasonrl.data.readers import iter_records, write_records
-from reasonrl.errors import DataError
+from reasonrl.errors import ConfigError, DataError
 from reasonrl.rewards.extract import extract_boxed
 from reasonrl.rewards.numeric import parse_number
 
@@ -36,16 +42,39 @@ def _text(record: dict, key: str, where: str) -> str:
     return value
 
 
-def _prompt(question: str, instruction: str) -> str:
+# ReasonRL's R1-Zero prompt (SdeeRK/reasonRL, data/r1_zero_prompt.txt, as in its data files):
+# already templated text that opens the <think> block, for data.apply_chat_template=false.
+R1_ZERO_TEMPLATE = ("A conversation between User and Assistant. The User asks a question, and the Assistant "
+                    "solves it. The Assistant first thinks about the reasoning process in the mind and then "
+                    "provides the User with the answer. The reasoning process is enclosed within <think> "
+                    "</think> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
+                    "<think> reasoning process here </think> <answer> answer here </answer>.\nUser: "
+                    "{question}\nAssistant: <think>")
+TEMPLATES = ("", "r1_zero")  # --template: "" = the question and the instruction (chat template at run time)
+
+
+def _prompt(question: str, instruction: str, template: str = "") -> str:
+    if template == "r1_zero":
+        return R1_ZERO_TEMPLATE.format(question=question.strip())
     return f"{question.strip()}\n{instruction}" if instruction else question.strip()
 
 
-def prepare_gsm8k(path: str | Path, instruction: str = GSM8K_INSTRUCTION, limit: int = 0) -> list[dict]:
+def _window(path: str | Path, skip: int = 0, limit: int = 0):
+    """(index, where, record) for the records of `path` numbered skip .. skip + limit - 1
+    (limit 0: to the end), index counted from 0 over the whole file."""
+    for index, (where, raw) in enumerate(iter_records(path)):
+        if index < skip:
+            continue
+        if limit and index >= skip + limit:
+            break
+        yield index, where, raw
+
+
+def prepare_gsm8k(path: str | Path, instruction: str = GSM8K_INSTRUCTION, limit: int = 0, skip: int = 0,
+                  template: str = "") -> list[dict]:
     """GSM8K's official `{"question", "answer"}` records -> training records."""
     records = []
-    for index, (where, raw) in enumerate(iter_records(path)):
-        if limit and index >= limit:
-            break
+    for index, where, raw in _window(path, skip, limit):
         if not isinstance(raw, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         question, answer = _text(raw, "question", where), _text(raw, "answer", where)
@@ -53,18 +82,17 @@ def prepare_gsm8k(path: str | Path, instruction: str = GSM8K_INSTRUCTION, limit:
         truth = m.group(1).replace(",", "").strip() if m else ""
         if parse_number(truth) is None:
             raise DataError(f"{where}: field 'answer' must end in '#### <number>', got ...{answer[-40:]!r}")
-        records.append({"prompt": _prompt(question, instruction), "ground_truth": truth,
+        records.append({"prompt": _prompt(question, instruction, template), "ground_truth": truth,
                         "data_source": "gsm8k",
                         "extra_info": {"index": index, "question": question, "solution": answer}})
     return records
 
 
-def prepare_math(path: str | Path, instruction: str = MATH_INSTRUCTION, limit: int = 0) -> list[dict]:
+def prepare_math(path: str | Path, instruction: str = MATH_INSTRUCTION, limit: int = 0, skip: int = 0,
+                 template: str = "") -> list[dict]:
     """MATH-style `{"problem", "solution", "answer"?}` records -> training records."""
     records = []
-    for index, (where, raw) in enumerate(iter_records(path)):
-        if limit and index >= limit:
-            break
+    for index, where, raw in _window(path, skip, limit):
         if not isinstance(raw, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         problem, solution = _text(raw, "problem", where), _text(raw, "solution", where)
@@ -77,7 +105,7 @@ def prepare_math(path: str | Path, instruction: str = MATH_INSTRUCTION, limit: i
                             "and there is no 'answer' field")
         extra = {"index": index, "problem": problem, "solution": solution}
         extra.update({k: raw[k] for k in ("level", "type", "subject", "unique_id") if k in raw})
-        records.append({"prompt": _prompt(problem, instruction), "ground_truth": truth,
+        records.append({"prompt": _prompt(problem, instruction, template), "ground_truth": truth,
                         "data_source": "math", "extra_info": extra})
     return records
 
@@ -97,6 +125,40 @@ def prepare_countdown(size: int, seed: int = 0, cfg: CountdownConfig | None = No
     return [_example_record(countdown_example(*countdown_instance(rng, cfg))) for _ in range(size)]
 
 
+# TinyZero's question (Jiayi-Pan/TinyZero, examples/data_preprocess/countdown.py, `make_prefix`),
+# without its base-model conversation frame: reasonrl applies the model's chat template.
+TINYZERO_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. You can use "
+                      "basic arithmetic operations (+, -, *, /) and each number can only be used once. Show "
+                      "your work in <think> </think> tags. And return the final answer in <answer> </answer> "
+                      "tags, for example <answer> (1 + 2) / 3 </answer>.")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def convert_countdown(path: str | Path, limit: int = 0, skip: int = 0) -> list[dict]:
+    """TinyZero's Countdown-Tasks-3to4 records (`{"target": 98, "nums": [44, 19, 35]}`, JSONL or
+    Parquet) -> training records with TinyZero's question, ground truth
+    `{"numbers": nums, "target": target}` and data_source "countdown" (as TinyZero's converter
+    writes them for verl). `skip` / `limit` take TinyZero's splits: train = the first 327680,
+    test = the 1024 after them."""
+    records = []
+    for index, where, raw in _window(path, skip, limit):
+        if not isinstance(raw, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        target, nums = raw.get("target"), raw.get("nums")
+        if not _int(target):
+            raise DataError(f"{where}: field 'target' must be an integer, got {target!r}")
+        if not isinstance(nums, list) or not nums or not all(_int(n) for n in nums):
+            raise DataError(f"{where}: field 'nums' must be a non-empty list of integers, got {nums!r}")
+        truth = json.dumps({"numbers": nums, "target": target}, sort_keys=True)
+        prompt = TINYZERO_COUNTDOWN.format(numbers=nums, target=target)
+        records.append({"prompt": prompt, "ground_truth": truth, "data_source": "countdown",
+                        "extra_info": {"index": index, "numbers": nums, "target": target}})
+    return records
+
+
 def prepare_piecewise(size: int, seed: int = 0) -> list[dict]:
     """The canonical piecewise problem, then `size - 1` seeded variants."""
     from reasonrl.data.piecewise import piecewise_example, piecewise_variants
@@ -106,17 +168,58 @@ def prepare_piecewise(size: int, seed: int = 0) -> list[dict]:
     return [_example_record(e) for e in examples[:size]]
 
 
-def prepare(task: str, output: str | Path, input_path: str | Path | None = None, *, limit: int = 0,
-            size: int = 1000, seed: int = 0, instruction: str | None = None) -> int:
-    """Run one preparation and write `output`; returns the number of records."""
+# what each preparation uses of the options: converting a file, or generating problems
+_CONVERT = {"input", "limit", "skip"}
+_USES = {("gsm8k", True): _CONVERT | {"instruction", "template"},
+         ("math", True): _CONVERT | {"instruction", "template"},
+         ("countdown", True): _CONVERT, ("countdown", False): {"size", "seed"},
+         ("piecewise", False): {"size", "seed"}}
+
+
+def check_options(task: str, given: dict[str, object]) -> None:
+    """ConfigError for an option given (not None) that `task` does not use, naming it and what
+    the preparation does use; an option is never silently ignored."""
+    tasks = sorted({t for t, _ in _USES})
+    if task not in tasks:
+        raise DataError(f"data prepare: unknown task {task!r}; allowed: {', '.join(tasks)}")
+    converts = given.get("input") is not None
+    if (task, converts) not in _USES:
+        if converts:
+            raise ConfigError(f"data prepare {task}: --input not used ({task} problems are generated)")
+        raise DataError(f"data prepare {task}: --input is required (the dataset's file or folder)")
+    uses = _USES[(task, converts)]
+    unused = [k for k, v in given.items() if v is not None and k not in uses]
+    if unused:
+        what = "converting --input" if converts else "generating"
+        flags = ", ".join(f"--{k}" for k in unused)
+        allowed = ", ".join(f"--{k}" for k in sorted(uses)) or "none"
+        raise ConfigError(f"data prepare {task}: {flags} not used when {what} (it uses {allowed})")
+    if given.get("template") not in (None, *TEMPLATES):
+        raise ConfigError(f"data prepare {task}: --template {given['template']!r}; allowed: r1_zero")
+    if given.get("template") and given.get("instruction") is not None:
+        raise ConfigError(f"data prepare {task}: --instruction not used with --template {given['template']} "
+                          "(the template says how to answer)")
+
+
+def prepare(task: str, output: str | Path, input_path: str | Path | None = None, *, limit: int | None = None,
+            size: int | None = None, seed: int | None = None, instruction: str | None = None,
+            skip: int | None = None, template: str | None = None) -> int:
+    """Run one preparation and write `output`; returns the number of records. Options left
+    None take their defaults (limit 0 = all, skip 0, size 1000, seed 0, the task's instruction,
+    no template); one given that the preparation does not use is a ConfigError
+    (`check_options`)."""
+    check_options(task, {"input": input_path, "limit": limit, "size": size, "seed": seed,
+                         "instruction": instruction, "skip": skip, "template": template})
+    limit, skip, size, seed = limit or 0, skip or 0, 1000 if size is None else size, seed or 0
     if task in ("gsm8k", "math"):
         if input_path is None:
             raise DataError(f"data prepare {task}: --input is required (the dataset's file or folder)")
         fn = prepare_gsm8k if task == "gsm8k" else prepare_math
         default = GSM8K_INSTRUCTION if task == "gsm8k" else MATH_INSTRUCTION
-        records = fn(input_path, default if instruction is None else instruction, limit)
+        records = fn(input_path, default if instruction is None else instruction, limit, skip, template or "")
     elif task == "countdown":
-        records = prepare_countdown(size, seed)
+        records = (convert_countdown(input_path, limit, skip) if input_path is not None
+                   else prepare_countdown(size, seed))
     elif task == "piecewise":
         records = prepare_piecewise(size, seed)
     else:

@@ -1,14 +1,17 @@
 """The `data.task` registry: where a run's training and held-out examples come from.
 
 Each entry is fn(data_config, seed) -> (train, held_out). `generated`: the task makes its own
-problems from the seed (so `reasonrl eval --data NAME` can use its held-out split).
+problems from the seed (so `reasonrl eval --data NAME` can use its held-out split);
+`system_prompt`: the system turn `data.system_prompt=auto` gives the task's prompts (only
+arithmetic has one: its prompts do not say how to answer, every other task's do).
 """
 
 from __future__ import annotations
 
 from reasonrl.batch import Example
-from reasonrl.config import DataConfig
+from reasonrl.config import DEFAULT_SYSTEM_PROMPT, DataConfig
 from reasonrl.data.arithmetic import arithmetic_examples
+from reasonrl.data.calculator import CALCULATOR_SYSTEM_PROMPT, calculator_examples
 from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.files import load_files
 from reasonrl.data.piecewise import piecewise_examples
@@ -16,10 +19,16 @@ from reasonrl.errors import DataError
 from reasonrl.registry import DATA_TASKS
 
 
-@DATA_TASKS.register("arithmetic", generated=True)
+@DATA_TASKS.register("arithmetic", generated=True, system_prompt=DEFAULT_SYSTEM_PROMPT)
 def arithmetic(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """seeded `a + b` problems (data.arithmetic)"""
     return arithmetic_examples(cfg.arithmetic, seed)
+
+
+@DATA_TASKS.register("calculator", generated=True, system_prompt=CALCULATOR_SYSTEM_PROMPT)
+def calculator(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """data.arithmetic problems after a worked calculator call: the tool task (env.name=tool)"""
+    return calculator_examples(cfg.arithmetic, seed)
 
 
 @DATA_TASKS.register("file", generated=False)
@@ -42,6 +51,15 @@ def countdown(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]
 def piecewise(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """Transparent GRPO's piecewise problem and its variants (data.piecewise)"""
     return piecewise_examples(cfg.piecewise, seed)
+
+
+def system_prompt_for(cfg: DataConfig) -> str:
+    """The system turn of the run's prompts: `data.system_prompt`, or with `auto` the task's
+    own (arithmetic: the calculator instruction; file tasks and the others: none, so that a
+    GSM8K file is not told to answer like a calculator)."""
+    if cfg.system_prompt != "auto":
+        return cfg.system_prompt
+    return DATA_TASKS[cfg.task].info.get("system_prompt", "")
 
 
 def load_examples(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:

@@ -48,15 +48,18 @@ def is_lora(model) -> bool:
 class AdapterDisabled:
     """The base model under a LoRA adapter, run with the adapter switched off: the reference
     policy (pi_ref = the model before training) at no extra memory. It offers the two calls
-    `completion_logprobs` makes (`get_decoder()(...)`, `get_output_embeddings()(...)`)."""
+    `completion_logprobs` makes (`get_decoder()(...)`, `get_output_embeddings()(...)`).
+    `adapters` is the peft model whose adapter is switched off when `model` is a wrapper
+    around it (a data-parallel rank's sharded root); by default `model` itself."""
 
-    def __init__(self, model):
+    def __init__(self, model, adapters=None):
         self.model = model
+        self.adapters = model if adapters is None else adapters
         self.config = model.config  # the KV cache of shared-prompt micro-batches reads it
 
     def _disabled(self, module):
         def run(*args, **kwargs):
-            with self.model.disable_adapter():
+            with self.adapters.disable_adapter():
                 return module(*args, **kwargs)
         return run
 
@@ -76,22 +79,33 @@ def reference_model(model):
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
-def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+def adapted_layers(model) -> dict[str, torch.nn.Module]:
+    """The LoRA layers of the peft model `model` by the name of the base weight they adapt
+    (`...q_proj.base_layer.weight`, relative to `model.get_base_model()`)."""
+    peft = require_peft()
+    return {f"{name}.base_layer.weight": module for name, module in model.get_base_model().named_modules()
+            if isinstance(module, peft.tuners.lora.LoraLayer) and ADAPTER in module.lora_A}
+
+
+def served_name(base_name: str) -> str:
+    """A base-model parameter's name in the plain HF model (`.base_layer.` dropped)."""
+    return base_name.replace(".base_layer.", ".")
+
+
+def merged_named_weights(model, names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The adapted model's weights as a plain HF model has them: W + (alpha / r) B A for each
     adapted layer (peft's `get_delta_weight`), every other base weight as it is, under the
-    base model's names (no `base_model.model.` prefix, no `.base_layer`). Nothing in `model`
-    changes (merging in place and back would leave round-off in W)."""
-    peft = require_peft()
+    base model's names (no `base_model.model.` prefix, no `.base_layer`); only `names` when
+    given. Nothing in `model` changes (merging in place and back would leave round-off in W)."""
     base = model.get_base_model()
-    adapted = {f"{name}.base_layer.weight": module for name, module in base.named_modules()
-               if isinstance(module, peft.tuners.lora.LoraLayer) and ADAPTER in module.lora_A}
+    adapted = adapted_layers(model)
     for name, param in base.named_parameters():
-        if ".lora_" in name:
+        if ".lora_" in name or names is not None and served_name(name) not in names:
             continue
         if name in adapted:  # one merged copy at a time: the consumer copies it and drops it
             with torch.no_grad():
                 param = param + adapted[name].get_delta_weight(ADAPTER).to(param.dtype)
-        yield name.replace(".base_layer.", "."), param.detach()
+        yield served_name(name), param.detach()
 
 
 def save_merged(model, path: Path, tokenizer=None) -> None:

@@ -7,7 +7,9 @@ Three sources, one function (`load_model_and_tokenizer`):
   so later loads take seconds and vLLM can read the same folder;
 - `tiny`: a randomly initialised model of the same architecture with the real tokenizer,
   built in seconds, for tests and smoke runs;
-- any local HF folder (config.json + weights), e.g. a `checkpoints/step_N/huggingface`.
+- any local HF folder (config.json + weights), e.g. a `checkpoints/step_N/huggingface`;
+- a Hugging Face Hub id (`Qwen/Qwen2.5-0.5B-Instruct`, `model.revision`), through
+  `huggingface_hub` and its cache (`HF_HOME`, `HF_HUB_OFFLINE`, tokens honoured as they are).
 
 Caches are written to a temporary directory and renamed into place, so an interrupted
 conversion never leaves a half-written folder behind.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -141,38 +144,73 @@ def build_tiny_model(seed: int = 0, hidden_size: int = 64, num_layers: int = 2):
     return model, tokenizer
 
 
-def resolve_model_dir(path: str | None) -> Path:
-    """Where the HF folder for `model.path` is (converting the default model if needed)."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# what a model needs from a Hub repository: config, weights, tokenizer (no .bin/.pth/.onnx copies)
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+
+def resolve_hub_model(repo_id: str, revision: str = "") -> Path:
+    """The local snapshot folder of a Hub model, through `huggingface_hub` and its cache: the
+    user's `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE` and token are honoured as they are, and
+    a model already in the cache is used from there (never copied). Offline and not cached:
+    a `ModelLoadError` naming the id and the command that fetches it."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    at = f" at revision {revision}" if revision else ""
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HUB_FILES,
+                                      local_files_only=constants.HF_HUB_OFFLINE))
+    except LocalEntryNotFoundError:
+        offline = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub cannot be reached"
+        fetch = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
+        raise ModelLoadError(f"model.path={repo_id}{at}: not in the Hugging Face cache "
+                             f"({constants.HF_HUB_CACHE}) and {offline}; fetch it once with `{fetch}` "
+                             "on a machine with internet (same HF_HOME), or give a local folder") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"model.path={repo_id}: no such model on the Hugging Face Hub (or it is "
+                             "private: log in with `hf auth login`)") from None
+    except RevisionNotFoundError:
+        raise ModelLoadError(f"model.revision={revision}: {repo_id} has no such revision") from None
+
+
+def resolve_model_dir(path: str | None, revision: str = "") -> Path:
+    """Where the HF folder for `model.path` is: the converted default model, a local folder (a
+    `checkpoints/step_N` folder means its `huggingface/`), or a Hub id `org/name` (at
+    `revision`) resolved through the Hugging Face cache (`resolve_hub_model`)."""
     if not path:
         return default_model_dir()
     folder = Path(path).expanduser()
     if (folder / "huggingface" / "config.json").is_file():  # a checkpoints/step_N folder
         folder = folder / "huggingface"
+    if not folder.exists() and HUB_ID.match(path):
+        return resolve_hub_model(path, revision)
     if not folder.is_dir():
-        raise ModelLoadError(f"model.path={path}: no such folder (expected an HF model folder "
-                             "with config.json, `tiny`, or empty for the default model)")
+        raise ModelLoadError(f"model.path={path}: no such folder (expected an HF model folder with "
+                             "config.json, a Hub id like org/name, `tiny`, or empty for the default model)")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"model.path={path}: {folder} has no config.json; it is not an "
                              "HF model folder")
     return folder
 
 
-def load_tokenizer(path: str | None):
+def load_tokenizer(path: str | None, revision: str = ""):
     from transformers import AutoTokenizer
 
     if path == TINY:
         return AutoTokenizer.from_pretrained(str(default_tokenizer_dir()))
-    return AutoTokenizer.from_pretrained(str(resolve_model_dir(path)))
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(path, revision)))
 
 
-def load_model_and_tokenizer(path: str | None, dtype: torch.dtype = torch.float32, seed: int = 0):
+def load_model_and_tokenizer(path: str | None, dtype: torch.dtype = torch.float32, seed: int = 0,
+                             revision: str = ""):
     """(model, tokenizer) for `model.path`; see the module docstring for the sources."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if path == TINY:
         model, tokenizer = build_tiny_model(seed=seed)
         return model.to(dtype), tokenizer
-    folder = resolve_model_dir(path)
+    folder = resolve_model_dir(path, revision)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))

@@ -15,8 +15,15 @@ FSDP gathers and reduces inside every forward and backward, so all ranks must ru
 number of them: a rank with fewer micro-batches pads with copies whose loss mask is zero
 (they contribute exactly 0 to the loss and gradient), and ranks use plain micro-batches (one
 forward each; `optim.share_prompt` is not used by them). Log-probs without gradients (the old
-policy and reference for several updates per step, `sequence_kl`, entropies) are computed
+policy and reference for several updates per step, `token_kl`, entropies) are computed
 by every rank for the whole batch: the same forwards everywhere, no coordination needed.
+
+A LoRA policy is sharded the same way (A and B in the unit of the layer they adapt; only they
+get gradients); its reference is the sharded model with the adapter switched off. Weights
+leave the ranks without a full copy on each: `sync_plan` / `weight_bucket` send the served
+weights (LoRA: each rank merges its own rows of W + s B A) to rank 0 alone, one tensor at a
+time into the bucket asked for, and `weights_checksum` adds the ranks' sums over their own
+rows. `ShardOptions` are FSDP2's memory options (ZeRO-2 / ZeRO-3, CPU offload).
 
 The rank processes themselves are started by `reasonrl.placement` (Ray actors).
 """
@@ -26,11 +33,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from reasonrl.accel import release_free_memory
+from reasonrl.config import CriticConfig, OptimConfig
+from reasonrl.policy import lora
+from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.policy.worker import (
     MicroBatch,
     PolicySettings,
@@ -38,6 +50,7 @@ from reasonrl.policy.worker import (
     completion_logprobs,
     make_micro_batches,
 )
+from reasonrl.weights import combine_sums, plan_buckets, sample_stride
 
 ROOT_PREFIX = "lm."  # ShardRoot's name for the HF model
 MAX_KEYS = ("grad_norm", "skipped_update")  # the same on every rank (or any rank decides): max
@@ -75,22 +88,69 @@ def init_process_group(backend: str, init_method: str, rank: int, world: int, ti
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def shard_model(model: nn.Module, device: torch.device) -> ShardRoot:
-    """`model` on `device`, each decoder layer and then the rest sharded over the default
-    process group with FSDP2, gradients summed over ranks (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class ShardOptions:
+    """FSDP2's memory options (`placement.policy.reshard_after_forward` / `cpu_offload`).
+
+    reshard_after_forward=True frees each decoder layer's gathered weights after its forward
+    and gathers them again in the backward (ZeRO-3: a rank holds 1/N of the weights plus one
+    layer's full weights); False keeps them from the forward to the backward (ZeRO-2: one
+    all-gather per layer and micro-batch instead of two, every layer's full weights held
+    between the two). The root unit (embeddings, final norm, LM head) keeps its full weights
+    from forward to backward in both. cpu_offload keeps the weight, gradient and optimizer
+    shards in CPU memory (`CPUOffloadPolicy`): each unit's shard is copied to the device for
+    its all-gather, gradients come back to the CPU and AdamW steps there. None of them changes
+    the gradient.
+    """
+
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+
+    @classmethod
+    def of(cls, placement) -> ShardOptions:
+        return cls(placement.reshard_after_forward, placement.cpu_offload)
+
+
+def _shard(root: nn.Module, layers, device: torch.device, options: ShardOptions = ShardOptions()) -> None:
+    """Each decoder layer, then the rest (`root`), sharded over the default process group with
+    FSDP2 (rows of every tensor split as `torch.chunk` splits them), gradients summed over
+    ranks (see the module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    root = ShardRoot(model.to(device))
-    for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(root, mesh=mesh)
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.cpu_offload else OffloadPolicy()
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=options.reshard_after_forward,
+                    offload_policy=offload)
+    # the root keeps its weights from forward to backward either way (FSDP2's default for a root):
+    # the LM head in it runs after the decoder's forward (`ShardRoot`)
+    fully_shard(root, mesh=mesh, offload_policy=offload)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+
+
+def shard_model(model: nn.Module, device: torch.device, options: ShardOptions = ShardOptions()) -> ShardRoot:
+    """`model` (an HF causal LM, or a peft model around one) on `device`, sharded (`_shard`)
+    under a `ShardRoot`. A LoRA model's adapter weights are sharded with the layers they
+    adapt; only they get gradients."""
+    root = ShardRoot(model.to(device))
+    _shard(root, model.get_decoder().layers, device, options)
     return root
+
+
+def shard_value_model(model: ValueModel, device: torch.device,
+                      options: ShardOptions = ShardOptions()) -> ValueModel:
+    """A critic's value model on `device`, sharded (`_shard`) with itself as the root: its
+    decoder call is routed through its forward (as `ShardRoot` does) so that the root's
+    parameters (embeddings, final norm, value head) are gathered."""
+    model = model.to(device)
+    layers = model.get_decoder().layers
+    model.route_through_forward = True
+    _shard(model, layers, device, options)
+    return model
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -99,44 +159,89 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-class RankPolicyWorker(PolicyWorker):
-    """One data-parallel rank. Its public methods are collective: every rank must call them
-    in the same order (the placement's policy group does); results are the same on every
-    rank except where noted (rank 0 writes files)."""
+def _local(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of `tensor`, the index of its first row): FSDP2 shards dim 0 as
+    `torch.chunk` does (ceil(rows / N) rows per rank, the last ranks fewer or none); a plain
+    tensor is all rows."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    def __init__(self, model: ShardRoot, pad_id: int, settings: PolicySettings, rank: int, world: int,
-                 ref_model: ShardRoot | None = None):
-        # Plain micro-batches: one forward each. A shared prompt skips the completion forward
-        # when all completions are one token long, and FSDP needs the same calls on every rank.
-        plain = dataclasses.replace(settings.optim, share_prompt=False)
-        settings = dataclasses.replace(settings, optim=plain)
-        super().__init__(model, pad_id, settings, ref_model=ref_model)
-        self.rank, self.world = rank, world
-        self._my_tokens = 0
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    if tuple(tensor.placements) != (Shard(0),):
+        raise ValueError(f"expected a tensor sharded on dim 0, got placements {tensor.placements}")
+    local = tensor.to_local()
+    chunk = -(-tensor.shape[0] // dist.get_world_size())
+    start = min(dist.get_rank() * chunk, tensor.shape[0])
+    if local.shape[0] != min(chunk, tensor.shape[0] - start):
+        raise ValueError(f"a shard of {tuple(local.shape)} rows at row {start} of {tuple(tensor.shape)}: "
+                         "not torch.chunk's split")
+    return local, start
 
-    # ---- the training step --------------------------------------------------------------
 
-    def train_micro_batches(self, prompt_ids: list[list[int]],
-                            completion_ids: list[list[int]]) -> list[MicroBatch]:
-        """This rank's contiguous slice of the mini-batch, padded with zero-mask micro-batches
-        to the largest count on any rank."""
+def _gather_rows(local: torch.Tensor, rows: int, device: torch.device,
+                 everywhere: bool) -> torch.Tensor | None:
+    """The full tensor of `rows` rows from every rank's `local` rows (`_local`), through
+    `device` (NCCL reduces only GPU tensors): on every rank (`everywhere`), or on rank 0 alone
+    (the others send their rows and get None). At most one full tensor is allocated, there."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunk = -(-rows // world)
+    padded = local.to(device)
+    if padded.shape[0] != chunk:  # collectives move equal pieces
+        padded = torch.cat([padded, padded.new_zeros((chunk - padded.shape[0], *padded.shape[1:]))])
+    full = torch.empty((chunk * world, *padded.shape[1:]), dtype=padded.dtype, device=device) \
+        if everywhere or rank == 0 else None
+    if everywhere:
+        dist.all_gather(list(full.chunk(world)), padded)
+    elif rank == 0:  # each rank's rows straight into their place (a gather would stage them in a copy)
+        pieces = full.chunk(world)
+        pieces[0].copy_(padded)
+        for src in range(1, world):
+            dist.recv(pieces[src], src=src)
+    else:
+        dist.send(padded.contiguous(), dst=0)
+    return None if full is None else full[:rows]
+
+
+def _sample_sum(local: torch.Tensor, start_row: int, shape: torch.Size) -> float:
+    """The float64 sum of the elements of `local` (rows from `start_row` of a tensor of `shape`)
+    that `reasonrl.weights.weights_checksum` samples from the full tensor: summed over the
+    ranks, the full tensor's sample sum (in another order: float64 round-off, ~1e-16 of the
+    sum of magnitudes, far inside `checksums_match`'s 1e-12)."""
+    row = math.prod(shape[1:])
+    stride = sample_stride(math.prod(shape))
+    first = (-start_row * row) % stride
+    return local.reshape(-1)[first::stride].to("cpu", torch.float64).sum().item()
+
+
+class DataParallelRank:
+    """What makes a worker (policy or critic) one of N data-parallel ranks: each trains on its
+    contiguous slice of every mini-batch, padded with zero-mask micro-batches to the largest
+    count on any rank (FSDP runs the same collectives everywhere), and the update's metrics are
+    combined over the ranks: sums of shares (the normalisers are global), max of `*_max` and of
+    `MAX_KEYS`, min of `*_min`. Its public methods are collective: every rank must call them in
+    the same order (the placement's group does)."""
+
+    rank: int
+    world: int
+    _my_tokens: int = 0
+
+    def train_micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                            token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
         mine = torch.arange(len(prompt_ids)).tensor_split(self.world)[self.rank].tolist()
-        self._my_tokens = sum(len(completion_ids[i]) for i in mine)
-        batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in make_micro_batches(
-            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine], self.optim.micro_batch_size,
-            self.pad_id, self.optim.share_prompt)]
+        self._my_tokens = sum(len(completion_ids[i]) if token_masks is None else sum(token_masks[i])
+                              for i in mine)
+        batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in self.micro_batches(
+            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine],
+            None if token_masks is None else [token_masks[i] for i in mine])]
         count = torch.tensor([len(batches)], device=self.device)  # NCCL reduces only GPU tensors
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         if len(batches) < count.item():
-            idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id,
-                                      self.optim.share_prompt)[0]
+            idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id, False)[0]
             idle = dataclasses.replace(idle, mask=torch.zeros_like(idle.mask))
             batches += [idle] * (int(count.item()) - len(batches))
         return batches
 
     def _update(self, *args, **kwargs) -> dict[str, float]:
-        """`PolicyWorker._update` on this rank's rows, its metrics combined over the ranks:
-        sums of shares (the normalisers are global), max of `*_max`, min of `*_min`."""
         out = super()._update(*args, **kwargs)
         keys = sorted(out)
         if self._my_tokens == 0:  # no token here: this rank's extremes are placeholders
@@ -156,12 +261,126 @@ class RankPolicyWorker(PolicyWorker):
                 out[k] = 1.0
         return out
 
-    # ---- weights (all collective: every rank gathers, rank 0 writes) ----------------------
+
+class RankPolicyWorker(DataParallelRank, PolicyWorker):
+    """One data-parallel rank of the policy (see `DataParallelRank`); results are the same on
+    every rank except where noted (rank 0 writes files)."""
+
+    def __init__(self, model: ShardRoot, pad_id: int, settings: PolicySettings, rank: int, world: int,
+                 ref_model=None, device: torch.device | None = None):
+        # Plain micro-batches: one forward each. A shared prompt skips the completion forward
+        # when all completions are one token long, and FSDP needs the same calls on every rank.
+        plain = dataclasses.replace(settings.optim, share_prompt=False)
+        settings = dataclasses.replace(settings, optim=plain)
+        super().__init__(model, pad_id, settings, ref_model=ref_model)
+        self.rank, self.world = rank, world
+        self._my_tokens = 0
+        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
+            self.device = device
+        self.lora = lora.is_lora(model.lm)
+
+    # ---- weights -----------------------------------------------------------------------
+    # Every method here is collective (all ranks call it, in the same order). The served
+    # weights are the plain HF model's (LoRA: W + scale * B A for the adapted layers); each
+    # rank computes its own rows of them (a LoRA row from its rows of W and B and the whole
+    # A, r x in: each merged row is computed once, by the rank that holds it).
+
+    def _resharded(self) -> None:
+        """Every FSDP unit back to its shards: with reshard_after_forward=False a forward
+        without a backward (log-probs, the probe) leaves the units' full weights in place."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def _served(self, names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor, int, torch.Size]]:
+        """(HF name, this rank's rows, index of its first row, full shape) of each served
+        weight (only `names` when given), in the model's order."""
+        self._resharded()
+        if not self.lora:
+            for name, param in self.model.named_parameters():
+                name = name.removeprefix(ROOT_PREFIX)
+                if names is None or name in names:
+                    local, start = _local(param.detach())
+                    yield name, local, start, param.shape
+            return
+        peft_model = self.model.lm
+        adapted = lora.adapted_layers(peft_model)
+        for name, param in peft_model.get_base_model().named_parameters():
+            served = lora.served_name(name)
+            if ".lora_" in name or names is not None and served not in names:
+                continue
+            local, start = _local(param.detach())
+            if name in adapted:
+                local = self._merged_rows(adapted[name], local, start)
+            yield served, local, start, param.shape
+
+    @torch.no_grad()
+    def _merged_rows(self, layer, w_rows: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows [start, start + len(w_rows)) of W + scale * B A for a LoRA layer (peft's
+        `get_delta_weight` for a Linear): B's rows are this rank's (sharded like W), A is
+        gathered whole (r x in)."""
+        if getattr(layer, "fan_in_fan_out", False):
+            raise ValueError(f"LoRA on data-parallel ranks: {type(layer).__name__} stores W transposed "
+                             "(fan_in_fan_out); use placement.policy.ranks=1 for this model")
+        a = _gather_rows(*self._rows_of(layer.lora_A[lora.ADAPTER].weight), self.device, everywhere=True)
+        b_rows, b_start = _local(layer.lora_B[lora.ADAPTER].weight.detach())
+        if (b_start, b_rows.shape[0]) != (start, w_rows.shape[0]):
+            raise ValueError("LoRA on data-parallel ranks: B is not sharded like W")
+        delta = (b_rows.to(self.device) @ a) * layer.scaling[lora.ADAPTER]
+        return (w_rows.to(self.device) + delta.to(w_rows.dtype)).to(w_rows.device)
+
+    @staticmethod
+    def _rows_of(param: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(this rank's rows of `param`, its number of rows): `_gather_rows`'s first two arguments."""
+        return _local(param.detach())[0], param.shape[0]
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) tensors by HF name, on the CPU."""
-        for name, param in self.model.named_parameters():
-            yield name.removeprefix(ROOT_PREFIX), _full(param.detach()).cpu()
+        """The served weights by HF name, whole on every rank (all-gathered one at a time),
+        on the CPU. A weight sync uses `sync_plan` / `weight_bucket` instead (rank 0 alone)."""
+        for name, local, _, shape in self._served():
+            yield name, _gather_rows(local, shape[0], self.device, everywhere=True).reshape(shape).cpu()
+
+    def weights_checksum(self) -> float:
+        """`weights_checksum` of the served weights without gathering them: each rank sums the
+        sampled elements in its rows (`_sample_sum`), the sums are added over the ranks."""
+        names, parts = [], []
+        for name, local, start, shape in self._served():
+            names.append(name)
+            parts.append(_sample_sum(local, start, shape))
+        sums = torch.tensor(parts, dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        return combine_sums(dict(zip(names, sums.tolist(), strict=True)))
+
+    def sync_plan(self, bucket_bytes: int) -> list[list[str]]:
+        """What a sync sends (`PolicyWorker.sync_plan`): LoRA's adapted layers, else every
+        trainable weight; the same on every rank (no communication)."""
+        if self.lora:
+            base = dict(self.model.lm.get_base_model().named_parameters())
+            sizes = [(lora.served_name(n), base[n].numel() * base[n].element_size())
+                     for n in lora.adapted_layers(self.model.lm)]
+        else:
+            sizes = [(n.removeprefix(ROOT_PREFIX), p.numel() * p.element_size())
+                     for n, p in self.model.named_parameters() if p.requires_grad]
+        return plan_buckets(sizes, bucket_bytes)
+
+    def weight_bucket(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        """The full tensors of `names` on rank 0 (each gathered there alone, one at a time, then
+        on the CPU); the other ranks send their rows and return []. Rank 0's extra memory is
+        the bucket; the other ranks' is one tensor's rows."""
+        release_free_memory()  # the previous bucket's buffers (sent by now) back to the system, not kept
+        out = {}
+        for name, local, _, shape in self._served(set(names)):
+            full = _gather_rows(local, shape[0], self.device, everywhere=False)
+            if full is not None:
+                out[name] = full.reshape(shape).cpu()
+        if self.rank != 0:
+            return []
+        missing = sorted(set(names) - set(out))
+        if missing:
+            raise KeyError(f"weight_bucket: the policy has no weights {missing[:5]}")
+        return [(n, out[n]) for n in names]
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """fp32 log-probs of ids[1:] given the preceding ids, through the sharded model."""
@@ -175,29 +394,61 @@ class RankPolicyWorker(PolicyWorker):
             self.model.train(was_training)
         return logp[0].float().cpu()
 
+    def _all_served_names(self) -> list[str]:
+        if not self.lora:
+            return [n.removeprefix(ROOT_PREFIX) for n, _ in self.model.named_parameters()]
+        return [lora.served_name(n) for n, _ in self.model.lm.get_base_model().named_parameters()
+                if ".lora_" not in n]
+
     def save_pretrained(self, path, tokenizer=None) -> None:
-        weights = dict(self.named_weights())
+        """The served weights as an HF folder (LoRA: merged), gathered on rank 0, which writes."""
+        weights = dict(self.weight_bucket(self._all_served_names()))
         if self.rank == 0:
-            self.model.lm.save_pretrained(path, state_dict=weights)
+            model = self.model.lm.get_base_model() if self.lora else self.model.lm
+            model.save_pretrained(path, state_dict=weights)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
 
+    def _adapter_params(self) -> list[tuple[str, torch.Tensor]]:
+        """The LoRA A and B weights by the peft model's parameter names (sharded)."""
+        self._resharded()
+        return [(n.removeprefix(ROOT_PREFIX), p) for n, p in self.model.named_parameters() if ".lora_" in n]
+
+    def save_adapter(self, path) -> bool:
+        """LoRA: peft's adapter folder (the A and B weights gathered on rank 0, which writes it);
+        True. Full fine-tuning: False."""
+        if not self.lora:
+            return False
+        state = {}
+        for name, param in self._adapter_params():
+            full = _gather_rows(*self._rows_of(param), self.device, everywhere=False)
+            if full is not None:
+                state[name] = full.reshape(param.shape).cpu()
+        if self.rank == 0:
+            self.model.lm.save_pretrained(path, state_dict=state)
+        return True
+
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Each rank copies its shard of the full tensors (no communication)."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
-        params = {name.removeprefix(ROOT_PREFIX): p for name, p in self.model.named_parameters()}
+        """Each rank copies its rows of the full tensors (no communication): an HF state dict,
+        or with LoRA the adapter's (`save_adapter`'s file)."""
+        if self.lora:
+            params = {}
+            for name, param in self._adapter_params():  # peft's file names drop the adapter's name
+                params[name.replace(f".{lora.ADAPTER}.", ".")] = param
+            tied: set[str] = set()
+        else:
+            self._resharded()
+            params = {name.removeprefix(ROOT_PREFIX): p for name, p in self.model.named_parameters()}
+            tie = getattr(self.model.lm.config, "tie_word_embeddings", False)
+            tied = {"lm_head.weight"} if tie else set()
         missing, unexpected = set(params) - set(tensors), set(tensors) - set(params)
-        tied = {"lm_head.weight"} if getattr(self.model.lm.config, "tie_word_embeddings", False) else set()
         if missing or unexpected - tied:
             raise KeyError(f"checkpoint weights do not match the model: missing {sorted(missing)[:5]}, "
                            f"unexpected {sorted(unexpected - tied)[:5]}")
         for name, param in params.items():
-            full = tensors[name].to(param.device, param.dtype)
-            if isinstance(param, DTensor):
-                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.copy_(full)
+            local, start = _local(param.detach())
+            local.copy_(tensors[name][start: start + local.shape[0]].to(local.device, local.dtype))
 
     def state_dict(self) -> dict:
         """The full (unsharded) optimizer state by parameter name, scheduler and step."""
@@ -222,6 +473,74 @@ class RankPolicyWorker(PolicyWorker):
             if isinstance(param_state.get("step"), torch.Tensor):  # tensor among all parameters:
                 param_state["step"] = param_state["step"].clone()  # AdamW adds 1 to each
         self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+
+    def close(self) -> None:
+        """Leave the process group (collective: every rank calls it)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankCriticWorker(DataParallelRank, CriticWorker):
+    """One data-parallel rank of the critic (see `DataParallelRank`): plain micro-batches, the
+    full weights and optimizer state gathered for checkpoints (rank 0 writes)."""
+
+    def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
+                 rank: int, world: int, device: torch.device | None = None):
+        super().__init__(model, pad_id, critic, dataclasses.replace(optim, share_prompt=False))
+        self.rank, self.world = rank, world
+        self._my_tokens = 0
+        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
+            self.device = device
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.model.named_parameters():
+            yield name, _full(param.detach()).cpu()
+
+    def save(self, folder) -> None:
+        weights = dict(self.named_weights())
+        if self.rank == 0:
+            from safetensors.torch import save_file
+
+            from reasonrl.policy.critic import WEIGHTS_FILE
+
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(folder) / WEIGHTS_FILE))
+
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        params = dict(self.model.named_parameters())
+        if set(params) - set(tensors) or set(tensors) - set(params):
+            raise KeyError(f"critic weights do not match the value model: missing "
+                           f"{sorted(set(params) - set(tensors))[:5]}, unexpected "
+                           f"{sorted(set(tensors) - set(params))[:5]}")
+        for name, param in params.items():
+            full = tensors[name].to(param.device, param.dtype)
+            if isinstance(param, DTensor):
+                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(full)
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True))
+        optim = torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
+        return {"optimizer": optim, "step": self.step, "ranks": self.world}
+
+    def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if state.get("ranks") is None:
+            raise ValueError("this checkpoint's critic state was written by one process; resume it with "
+                             "placement.critic.ranks=1")
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        for param_state in self.optimizer.state.values():
+            if isinstance(param_state.get("step"), torch.Tensor):
+                param_state["step"] = param_state["step"].clone()
         self.step = state["step"]
 
     def close(self) -> None:

@@ -23,8 +23,9 @@ from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated
 from reasonrl.batch import TrainBatch
 from reasonrl.config import AlgoConfig, Config, OptimConfig
 from reasonrl.policy import lora
+from reasonrl.policy.checkpointing import checkpoint_layers
 from reasonrl.policy.head import fusable, head_logprobs
-from reasonrl.weights import reference_logprobs, weights_checksum
+from reasonrl.weights import plan_buckets, reference_logprobs, weights_checksum
 
 
 @dataclass
@@ -92,14 +93,26 @@ class MicroBatch:
                                             if f.name != "rows" and getattr(self, f.name) is not None})
 
 
+def row_mask(token_masks: list[list[int]] | None, i: int, length: int) -> torch.Tensor:
+    """Row i's token mask [length] as floats: 1 on the model's tokens (all of them when
+    `token_masks` is None), 0 on an episode's environment tokens."""
+    if token_masks is None:
+        return torch.ones(length)
+    if len(token_masks[i]) != length:
+        raise ValueError(f"row {i}: a token mask of {len(token_masks[i])} for {length} completion tokens")
+    return torch.tensor(token_masks[i], dtype=torch.float32)
+
+
 def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                       size: int, pad_id: int, share_prompt: bool = False) -> list[MicroBatch]:
+                       size: int, pad_id: int, share_prompt: bool = False,
+                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
     """Split rows into micro-batches of at most `size` rows, each padded only to its own
     maximum. Plain: rows of similar total length go together. `share_prompt`: rows with the
     same prompt (a GRPO group) go together and the prompt is computed once per micro-batch
-    (see `MicroBatch`)."""
+    (see `MicroBatch`). `token_masks` (multi-turn episodes): the mask is 1 only on the
+    model's tokens; the environment's are inputs (context) but never targets of the loss."""
     if share_prompt:
-        return _shared_prompt_micro_batches(prompt_ids, completion_ids, size, pad_id)
+        return _shared_prompt_micro_batches(prompt_ids, completion_ids, size, pad_id, token_masks)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -117,13 +130,14 @@ def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[in
             attn[j, : len(p) + len(c)] = 1
             positions[j, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
             targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[j, : len(c)] = 1.0
+            mask[j, : len(c)] = row_mask(token_masks, i, len(c))
         batches.append(MicroBatch(rows, ids, attn, positions, targets, mask))
     return batches
 
 
 def _shared_prompt_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                                 size: int, pad_id: int) -> list[MicroBatch]:
+                                 size: int, pad_id: int,
+                                 token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
     # Rows ordered by prompt (length, then content) and, within a prompt, by completion length:
     # consecutive chunks then hold few distinct prompts and little completion padding.
     order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i],
@@ -150,7 +164,7 @@ def _shared_prompt_micro_batches(prompt_ids: list[list[int]], completion_ids: li
             inputs[j, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
             attn[j, width: width + len(c) - 1] = 1
             targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[j, : len(c)] = 1.0
+            mask[j, : len(c)] = row_mask(token_masks, i, len(c))
         positions = torch.arange(t_max).expand(len(rows), t_max).clone()
         batches.append(MicroBatch(rows, inputs, attn, positions, targets, mask, prompts, prompt_mask,
                                   prompt_of_row))
@@ -180,6 +194,21 @@ def _shared_prompt_hidden(model, mb: MicroBatch) -> torch.Tensor:
     return torch.cat([last[:, None], hidden], 1)
 
 
+def completion_hidden(model, mb: MicroBatch) -> torch.Tensor:
+    """[M, T, H]: the decoder's hidden state at each position that predicts a completion
+    token (the log-probs read the LM head there, a critic its value head)."""
+    with recompute_norm_outputs() if torch.is_grad_enabled() else contextlib.nullcontext():
+        if mb.prompts is None:
+            decoder = model.get_decoder()
+            # no KV cache: nothing reads it, and a checkpointed layer must not write one twice
+            hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                             use_cache=False).last_hidden_state
+        else:
+            hidden = _shared_prompt_hidden(model, mb)
+    index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
+    return torch.gather(hidden, 1, index)
+
+
 def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [M, T] of the completion tokens (and their entropies [M, T] if asked;
@@ -189,14 +218,7 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_en
     135M model with a 49k vocabulary the head costs about a quarter of the forward,
     so skipping the prompt positions saves real time.
     """
-    with recompute_norm_outputs() if torch.is_grad_enabled() else contextlib.nullcontext():
-        if mb.prompts is None:
-            decoder = model.get_decoder()
-            hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
-        else:
-            hidden = _shared_prompt_hidden(model, mb)
-    index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
-    picked = torch.gather(hidden, 1, index)
+    picked = completion_hidden(model, mb)
     lm_head = model.get_output_embeddings()
     if fusable(lm_head):  # chunked: never the whole [M, T, vocab] (reasonrl.policy.head)
         token_logp, entropy = head_logprobs(picked, lm_head.weight, mb.targets, temperature,
@@ -225,15 +247,23 @@ def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
 
 class PolicyWorker:
     def __init__(self, model, pad_id: int, settings: PolicySettings, ref_model=None):
+        if settings.optim.gradient_checkpointing and settings.optim.share_prompt:
+            # a recomputed layer would write the shared prompt's KV cache twice: plain rows instead
+            plain = dataclasses.replace(settings.optim, share_prompt=False)
+            settings = dataclasses.replace(settings, optim=plain)
         self.model, self.pad_id, self.settings = model, pad_id, settings
         self.algo, self.optim = a, o = settings.algo, settings.optim
         self.accel = TrainingAccel(model, kernels=o.lean_kernels)
         self.kernels = self.accel.kernels
+        if o.gradient_checkpointing:  # after the kernels: the recompute runs them too
+            checkpoint_layers(model)
         self.model.train()
         self.device = next(model.parameters()).device  # micro-batches go where the weights are
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
         if ref_model is None and (a.beta > 0 or a.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
+        if o.gradient_checkpointing and self.ref_model is not None:  # no-op there: it runs without gradients
+            checkpoint_layers(self.ref_model)
         self.trainable = trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -272,18 +302,22 @@ class PolicyWorker:
         return out
 
     @torch.no_grad()
-    def sequence_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> torch.Tensor:
-        """Sum over each completion of the per-token KL estimate to the reference [N]."""
+    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's per-token KL estimate to the reference (`algo.kl_estimator`),
+        one unpadded tensor per row: KL in the reward (summed per sequence, or per token for
+        a critic's token rewards)."""
         if self.ref_model is None:
-            raise RuntimeError("sequence_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
-        out = torch.zeros(len(prompt_ids))
+            raise RuntimeError("token_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
+        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
         for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
                                      self.optim.share_prompt):
             mb = mb.to(self.device)
-            logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
-            ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
-            kl = kl_estimate(logp, ref, self.algo.kl_estimator)
-            out[mb.rows] = (kl * mb.mask).sum(-1).cpu()
+            with torch.no_grad():
+                logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
+                ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
+            kl = kl_estimate(logp, ref, self.algo.kl_estimator).cpu()
+            for j, i in enumerate(mb.rows):
+                out[i] = kl[j, : len(completion_ids[i])].clone()
         return out
 
     # ---- the updates of one training step ----------------------------------------------
@@ -305,9 +339,12 @@ class PolicyWorker:
         rows = [i for i in range(n) if keep[i]]
         prompt_ids = [batch.prompt_ids[i] for i in rows]
         completion_ids = [batch.completion_ids[i] for i in rows]
+        token_masks = None if batch.token_mask is None else [batch.token_mask[i] for i in rows]
+        model_tokens = [len(c) if token_masks is None else sum(token_masks[k])
+                        for k, c in enumerate(completion_ids)]
         advantages = batch.advantages[rows].float()
         engine_logp = None if batch.sampler_logprobs is None else [batch.sampler_logprobs[i] for i in rows]
-        max_len = float(self.settings.max_response_length or max((len(c) for c in completion_ids), default=1))
+        max_len = float(self.settings.max_response_length or max(model_tokens, default=1))
         lr = self.optimizer.param_groups[0]["lr"]
 
         old_logp = ref_logp = None
@@ -323,7 +360,8 @@ class PolicyWorker:
                     [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], advantages[idx],
                     None if old_logp is None else [old_logp[i] for i in idx],
                     None if ref_logp is None else [ref_logp[i] for i in idx], max_len,
-                    None if engine_logp is None else [engine_logp[i] for i in idx]))
+                    None if engine_logp is None else [engine_logp[i] for i in idx],
+                    None if token_masks is None else [token_masks[i] for i in idx]))
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()  # the schedule counts training steps, updated or skipped
@@ -336,26 +374,33 @@ class PolicyWorker:
                 values = [u[key] for u in updates]
                 reduce = max if key.endswith("_max") else min if key.endswith("_min") else None
                 metrics[f"train/{key}"] = reduce(values) if reduce else sum(values) / len(values)
-        metrics.update({"train/lr": lr, "train/tokens": float(sum(len(c) for c in completion_ids)),
+        metrics.update({"train/lr": lr, "train/tokens": float(sum(model_tokens)),
                         "train/sequences": float(len(rows)), "train/updates": float(len(updates))})
         return metrics
 
-    def train_micro_batches(self, prompt_ids: list[list[int]],
-                            completion_ids: list[list[int]]) -> list[MicroBatch]:
-        """The micro-batches this process trains on in one optimizer step: all of them. A
-        data-parallel rank (`reasonrl.policy.parallel.RankPolicyWorker`) takes its share."""
+    def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                      token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
         return make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
-                                  self.optim.share_prompt)
+                                  self.optim.share_prompt, token_masks)
+
+    def train_micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                            token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
+        """The micro-batches this process trains on in one optimizer step: all of them. A
+        data-parallel rank (`reasonrl.policy.parallel.DataParallelRank`) takes its share."""
+        return self.micro_batches(prompt_ids, completion_ids, token_masks)
 
     def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 advantages: torch.Tensor, old_logp: list[torch.Tensor] | None,
                 ref_logp: list[torch.Tensor] | None, max_len: float,
-                engine_logp: list[torch.Tensor] | None = None) -> dict[str, float]:
-        """One optimizer step on these rows; normalisers are totals over exactly these rows.
+                engine_logp: list[torch.Tensor] | None = None,
+                token_masks: list[list[int]] | None = None) -> dict[str, float]:
+        """One optimizer step on these rows; normalisers are totals over exactly these rows
+        (their model tokens: `token_masks` leave an episode's environment tokens out).
         With the engine's log-probs, logs |logp_engine - logp_old| and (`tis_cap`) weights
         the per-token loss by `truncated_importance_weights`."""
         a, o = self.algo, self.optim
-        num_tokens = float(sum(len(c) for c in completion_ids))
+        num_tokens = float(sum(len(c) for c in completion_ids) if token_masks is None
+                           else sum(sum(m) for m in token_masks))
         num_sequences = float(len(completion_ids))
 
         def agg(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -374,12 +419,14 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=True)
         grad_buffer = self.accel.gradients()
         advantages = advantages.to(self.device)
-        for mb in self.train_micro_batches(prompt_ids, completion_ids):
+        for mb in self.train_micro_batches(prompt_ids, completion_ids, token_masks):
             mb = mb.to(self.device)
             logp, entropy = completion_logprobs(self.model, mb, self.settings.temperature, with_entropy=True,
                                                 entropy_grad=a.entropy_coef != 0)
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
-            pg = clipped_policy_loss(logp, old, advantages[mb.rows], a.clip_low, a.clip_high,
+            adv = advantages[mb.rows]
+            adv = adv if adv.dim() == 1 else adv[:, : logp.size(1)]  # token-level (a critic's GAE)
+            pg = clipped_policy_loss(logp, old, adv, a.clip_low, a.clip_high,
                                      a.clip_ratio_c, mb.mask, a.ratio_level)
             pg_tokens = pg.loss
             if engine_logp is not None:
@@ -441,6 +488,31 @@ class PolicyWorker:
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach()
+
+    def sync_plan(self, bucket_bytes: int) -> list[list[str]]:
+        """The weights training changes, in buckets (`reasonrl.weights.plan_buckets`): with
+        LoRA the adapted layers (merged; the rest is the base model the engine loaded too),
+        else every trainable tensor."""
+        if lora.is_lora(self.model):
+            base = dict(self.model.get_base_model().named_parameters())
+            sizes = [(lora.served_name(n), base[n].numel() * base[n].element_size())
+                     for n in lora.adapted_layers(self.model)]
+        else:
+            sizes = [(n, p.numel() * p.element_size())
+                     for n, p in self.model.named_parameters() if p.requires_grad]
+        return plan_buckets(sizes, bucket_bytes)
+
+    def weight_bucket(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        """The tensors of one `sync_plan` bucket by name, on the CPU (LoRA: merged)."""
+        wanted = set(names)
+        if lora.is_lora(self.model):
+            found = dict(lora.merged_named_weights(self.model, wanted))
+        else:
+            found = {n: p.detach() for n, p in self.model.named_parameters() if n in wanted}
+        missing = wanted - set(found)
+        if missing:
+            raise KeyError(f"weight_bucket: the policy has no weights {sorted(missing)[:5]}")
+        return [(n, found[n].cpu()) for n in names]
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """fp32 log-probs of a probe sequence (`reasonrl.weights.reference_logprobs`), which an

@@ -9,7 +9,13 @@ functions (not lambdas) so they pickle to worker processes.
 from __future__ import annotations
 
 from reasonrl.registry import REWARD_COMPONENTS
-from reasonrl.rewards.format import answer_present_reward, boxed_format_reward, think_answer_format_reward
+from reasonrl.rewards.format import (
+    answer_present_reward,
+    boxed_format_reward,
+    paired_tags_format_reward,
+    r1_zero_format_reward,
+    think_answer_format_reward,
+)
 from reasonrl.rewards.numeric import numeric_reward
 
 
@@ -24,6 +30,20 @@ def correct(completion: str, ground_truth: str, fallback_last_number: bool = Tru
 def think_answer_format(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
     """DeepSeek-R1 <think></think><answer></answer> format: 0, 0.5, or 1 with a \\boxed{}"""
     return think_answer_format_reward(completion)
+
+
+@REWARD_COMPONENTS.register("format_paired")
+def paired_tags_format(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
+    """trl_GRPO's format: <think> and <answer> tags in pairs, any order: 0, 0.5, or 1 with a
+    \\boxed{} in the answer"""
+    return paired_tags_format_reward(completion)
+
+
+@REWARD_COMPONENTS.register("format_r1_zero")
+def r1_zero_format(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
+    """ReasonRL's R1-Zero format: </think> <answer> </answer> once each, in order (the opening
+    <think> may be in the prompt): 1 or 0"""
+    return r1_zero_format_reward(completion)
 
 
 @REWARD_COMPONENTS.register("boxed")

@@ -5,29 +5,33 @@ prepare countdown` writes; verl's countdown `ground_truth` object loads as the s
 The equation is the last `<answer>` (else `\\boxed{}`) content; a trailing `= 24` is ignored.
 It is parsed with Python's `ast` and walked, never evaluated: only integer literals, the four
 binary operators and parentheses are allowed, so `__import__('os')` or `9**9**9` is simply
-not an equation. Each given number may be used at most once; arithmetic is exact (fractions).
+not an equation; arithmetic is exact (fractions).
 
-Score: 1.0 if valid and equal to the target, `format_score` (verl's 0.1) if the answer holds
-a well-formed equation that is wrong (other numbers, another value), 0.0 if it holds none
-(no answer, prose, or anything outside the grammar, such as an injection attempt).
+Two scoring rules (`reward.countdown_rule`, the `COUNTDOWN_SCORING` registry):
+
+- `subset` (the default): 1.0 if valid (each given number at most once) and equal to the
+  target, `format_score` (verl's 0.1) if the answer holds a well-formed equation that is wrong
+  (other numbers, another value), 0.0 if it holds none (no answer, prose, or anything outside
+  the grammar, such as an injection attempt).
+- `tinyzero`: TinyZero's `compute_score`: every given number exactly once; `format_score` for
+  any `<answer>` that is present but not a correct equation, prose included; 0.0 without one.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import operator
 import re
 from collections import Counter
 from fractions import Fraction
 
 from reasonrl.errors import GroundTruthError
-from reasonrl.registry import VERIFIERS
+from reasonrl.registry import COUNTDOWN_SCORING, VERIFIERS
+from reasonrl.rewards.arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic, parse_arithmetic
 from reasonrl.rewards.extract import extract_answer_tag, extract_boxed
 
 MAX_EQUATION_CHARS = 200  # bounds the parse and the walk: nothing longer is a sane equation
-_ALLOWED_RE = re.compile(r"[\d\s+\-*/()]+")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_RULES = ArithmeticRules(max_chars=MAX_EQUATION_CHARS)  # integers, binary + - * /, parentheses
 _SPELLINGS = (("\\times", "*"), ("\\cdot", "*"), ("×", "*"), ("·", "*"), ("÷", "/"), ("\u2212", "-"),
               ("\\left", ""), ("\\right", ""), ("$", ""))
 
@@ -60,63 +64,36 @@ def extract_equation(completion: str) -> str | None:
     return text.split("=", 1)[0].strip()  # "(3 + 5) * 3 = 24" -> the left side
 
 
-class _NotAnEquation(Exception):
-    pass
-
-
 def parse_equation(equation: str) -> ast.AST | None:
     """The expression tree if `equation` is well formed, else None.
 
     Only digits, whitespace, + - * / and parentheses pass the character check, and the tree
     may only hold binary + - * / over integer literals: no unary minus, no powers, no names,
-    no calls, so `__import__('os')` and `9**9**9` are not equations.
+    no calls, so `__import__('os')` and `9**9**9` are not equations (`rewards/arithmetic.py`).
     """
-    if not equation or len(equation) > MAX_EQUATION_CHARS or not _ALLOWED_RE.fullmatch(equation):
-        return None
     try:
-        tree = ast.parse(equation.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return parse_arithmetic(equation, _RULES)
+    except NotArithmetic:
         return None
-    for node in ast.walk(tree):
-        ok = (isinstance(node, ast.BinOp) and type(node.op) in _OPS
-              or isinstance(node, ast.Constant) and type(node.value) is int
-              or isinstance(node, ast.operator) and type(node) in _OPS)
-        if not ok:
-            return None
-    return tree
 
 
 def evaluate_equation(equation: str) -> tuple[Fraction, list[int]] | None:
     """(exact value, integer literals used) of a well-formed `equation`, or None if it is
     not one or divides by zero."""
-    tree = parse_equation(equation)
-    if tree is None:
-        return None
-    used: list[int] = []
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.BinOp):
-            left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Div) and right == 0:
-                raise _NotAnEquation
-            return _OPS[type(node.op)](left, right)
-        used.append(node.value)
-        return Fraction(node.value)
-
     try:
-        return walk(tree), used
-    except (_NotAnEquation, RecursionError):
+        value, used = evaluate_arithmetic(equation, _RULES)
+    except NotArithmetic:
         return None
+    return value, [int(n) for n in used]  # integers only under Countdown's rules
 
 
-@VERIFIERS.register(
-    "countdown", doc="Countdown: an expression over the given numbers that equals the target",
-    isolated=False, options={"format_score": "countdown_format_score"}, check=parse_countdown_truth)
-def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
-                     format_score: float = 0.1) -> dict[str, float]:
-    """{"score", "format": the answer is a well-formed equation, "valid": it also uses only
-    the given numbers (each at most once) and has a value, "equals_target": and hits it}."""
-    target, numbers = parse_countdown_truth(ground_truth)
+@COUNTDOWN_SCORING.register("subset")
+def subset_rule(completion: str, target: int, numbers: list[int], format_score: float) -> dict[str, float]:
+    """reasonrl's rule: the `<answer>` (else `\\boxed{}`) equation, a trailing `= 24` ignored;
+    each given number at most once. {"score": 1.0 if valid and equal to the target,
+    `format_score` for a well-formed equation that is wrong, 0.0 for none; "format": the answer
+    is a well-formed equation, "valid": it also uses only the given numbers (each at most once)
+    and has a value, "equals_target": and hits it}."""
     equation = extract_equation(completion)
     if equation is None or parse_equation(equation) is None:
         return {"score": 0.0, "format": 0.0, "valid": 0.0, "equals_target": 0.0}
@@ -125,3 +102,46 @@ def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None
     hit = valid and result[0] == target
     return {"score": 1.0 if hit else format_score, "format": 1.0, "valid": float(valid),
             "equals_target": float(hit)}
+
+
+# TinyZero's characters (digits, + - * /, parentheses, `.`, whitespace), unary signs included
+_TINYZERO_RULES = ArithmeticRules(max_chars=MAX_EQUATION_CHARS, decimals=True, unary=True)
+_TINYZERO_TOLERANCE = Fraction(1, 10**5)  # TinyZero: abs(result - target) < 1e-5
+_DIGIT_RUNS_RE = re.compile(r"\d+")
+
+
+@COUNTDOWN_SCORING.register("tinyzero")
+def tinyzero_rule(completion: str, target: int, numbers: list[int], format_score: float) -> dict[str, float]:
+    """TinyZero's Countdown score (Jiayi-Pan/TinyZero, verl/utils/reward_score/countdown.py,
+    `compute_score`): the last `<answer>...</answer>`; without one 0.0. With one: 1.0 when
+    its integers (`\\d+` runs) are exactly the given numbers (every number exactly once) and
+    its value is within 1e-5 of the target; `format_score` otherwise (prose, numbers missing or
+    repeated, a wrong value, an unreadable expression). The value is computed exactly with
+    fractions over `ast` (never `eval`), so `**` and `//`, which TinyZero's `eval` would compute,
+    are not expressions here (format_score); TinyZero reads only the text's last line, this rule
+    the last closed `<answer>` anywhere. {"score", "format": an answer is present, "valid": it
+    uses every number exactly once and has a value, "equals_target": and hits it}."""
+    text = extract_answer_tag(completion)
+    if text is None:
+        return {"score": 0.0, "format": 0.0, "valid": 0.0, "equals_target": 0.0}
+    uses_all = sorted(int(n) for n in _DIGIT_RUNS_RE.findall(text)) == sorted(numbers)
+    value = None
+    if uses_all:
+        try:
+            value = evaluate_arithmetic(text, _TINYZERO_RULES)[0]
+        except NotArithmetic:
+            value = None
+    hit = value is not None and abs(value - target) < _TINYZERO_TOLERANCE
+    return {"score": 1.0 if hit else format_score, "format": 1.0, "valid": float(value is not None),
+            "equals_target": float(hit)}
+
+
+@VERIFIERS.register(
+    "countdown", doc="Countdown: an expression over the given numbers that equals the target",
+    isolated=False, options={"format_score": "countdown_format_score", "rule": "countdown_rule"},
+    check=parse_countdown_truth)
+def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
+                     format_score: float = 0.1, rule: str = "subset") -> dict[str, float]:
+    """The score of `rule` (a `COUNTDOWN_SCORING` entry: `subset`, `tinyzero`) with its parts."""
+    target, numbers = parse_countdown_truth(ground_truth)
+    return COUNTDOWN_SCORING.get(rule)(completion, target, numbers, format_score)

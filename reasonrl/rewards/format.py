@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from reasonrl.rewards.extract import extract_answer, extract_boxed
+from reasonrl.rewards.extract import extract_answer, extract_answer_tag, extract_boxed
 from reasonrl.rewards.numeric import parse_number
 
 _TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
@@ -31,6 +31,40 @@ def think_answer_format_reward(completion: str) -> float:
         return 0.0
     answer = completion[tags[2].end():tags[3].start()]
     return 1.0 if extract_boxed(answer) is not None else 0.5
+
+
+_OPEN_THINK_RE = re.compile(r"<think>", re.IGNORECASE)
+_CLOSE_THINK_RE = re.compile(r"</think>", re.IGNORECASE)
+_OPEN_ANSWER_RE = re.compile(r"<answer>", re.IGNORECASE)
+_CLOSE_ANSWER_RE = re.compile(r"</answer>", re.IGNORECASE)
+
+
+def paired_tags_format_reward(completion: str) -> float:
+    """trl_GRPO's format reward (the rule its users know, as stated in issue 17): `<think>`
+    and `<answer>` must each appear in pairs, as many opening as closing tags and at least
+    one pair of each, else 0.0; then 1.0 when the last `<answer>...</answer>` holds a
+    complete `\\boxed{...}`, else 0.5. Unlike `think_answer_format_reward`, the order of the
+    pairs and the text between them are free: `<think>x</think> so <answer>\\boxed{4}</answer>`
+    scores 1.0 here and 0.0 there. Tags match case-insensitively, as in `extract_answer_tag`.
+    """
+    counts = [len(r.findall(completion)) for r in (_OPEN_THINK_RE, _CLOSE_THINK_RE, _OPEN_ANSWER_RE,
+                                                    _CLOSE_ANSWER_RE)]
+    if counts[0] != counts[1] or counts[2] != counts[3] or min(counts) == 0:
+        return 0.0
+    answer = extract_answer_tag(completion)
+    return 1.0 if answer is not None and extract_boxed(answer) is not None else 0.5
+
+
+def r1_zero_format_reward(completion: str) -> float:
+    """ReasonRL's format check (SdeeRK/reasonRL, `reason_rl/reward/math_reward.py`,
+    `MathReward._check_format`): 1.0 when `</think>`, `<answer>` and `</answer>` each appear
+    exactly once, in that order, else 0.0. The opening `<think>` is optional because R1-Zero
+    prompts end in `Assistant: <think>`; text anywhere around the tags is allowed. Counted with
+    `str.count`, case-sensitive, as there."""
+    if any(completion.count(tag) != 1 for tag in ("</think>", "<answer>", "</answer>")):
+        return 0.0
+    ends, opens, closes = (completion.find(t) for t in ("</think>", "<answer>", "</answer>"))
+    return 1.0 if ends < opens < closes else 0.0
 
 
 def boxed_format_reward(completion: str) -> float:

@@ -31,20 +31,41 @@ def _parse(text: str) -> list:
     return parse("\\boxed{" + text + "}", extraction_config=_parse_configs, parsing_timeout=None)
 
 
+def parse_truth(ground_truth: str) -> list:
+    """math-verify's parse of a ground truth; GroundTruthError when it reads nothing but the
+    text itself. math-verify returns [expression, text] for what it understands ("4" ->
+    [4, "4"]) and only the text for what it does not ("@@@" -> ["@@@"]; "" -> []): a ground
+    truth like that can never be matched, so every sample would silently score 0."""
+    gold = _parse(ground_truth)
+    if not any(not isinstance(x, str) for x in gold):
+        raise GroundTruthError(f"math-verify cannot read ground truth {ground_truth!r} as a math "
+                               "expression (it parses to nothing but its own text)")
+    return gold
+
+
 def math_equal(answer: str, ground_truth: str) -> bool:
     """True if math-verify finds `answer` equivalent to `ground_truth`. No timeout of its own."""
     from math_verify import verify
 
-    gold = _parse(ground_truth)
-    if not gold:
-        raise GroundTruthError(f"ground truth {ground_truth!r} is not a math expression")
+    gold = parse_truth(ground_truth)
     pred = _parse(answer)
     return bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
 
 
+def check_math_truth(completion: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """The math verifier's ground-truth check, with the verifier signature so that it runs in
+    the worker pool like the verifier (sympy never runs in the training process): 1.0 when
+    math-verify reads `ground_truth` as an expression (`parse_truth`), else GroundTruthError.
+    `completion` is not used."""
+    if not ground_truth.strip():
+        raise GroundTruthError("ground truth is empty")
+    parse_truth(ground_truth)
+    return 1.0
+
+
 @VERIFIERS.register(
     "math", doc="MATH: math-verify equivalence of the last \\boxed{} answer (process pool, timeout)",
-    isolated=True, options={"fallback_last_number": "fallback_last_number"})
+    isolated=True, options={"fallback_last_number": "fallback_last_number"}, check=check_math_truth)
 def math_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                 fallback_last_number: bool = True) -> dict[str, float]:
     """{"score": 1 if the extracted answer is equivalent to the ground truth, "answer_found": 0/1}."""
@@ -63,3 +84,4 @@ def _warmup() -> None:
 
 
 math_reward.warmup = _warmup  # called by the reward worker right after loading
+check_math_truth.warmup = _warmup

@@ -26,7 +26,7 @@ import re
 from fractions import Fraction
 
 from reasonrl.errors import GroundTruthError
-from reasonrl.registry import VERIFIERS
+from reasonrl.registry import PIECEWISE_SCORING, VERIFIERS
 from reasonrl.rewards.extract import extract_answer
 from reasonrl.rewards.numeric import numbers_equal, parse_number
 
@@ -106,9 +106,58 @@ def _equations(text: str):
 
 @VERIFIERS.register(
     "piecewise", doc="Transparent GRPO's piecewise-continuity toy problem, with partial credit",
-    isolated=False, check=parse_piecewise_truth)
-def piecewise_reward(completion: str, ground_truth: str, extra_info: dict | None = None) -> dict[str, float]:
-    """Weighted partial credits (`WEIGHTS`) as "score", and each credit (0/1) as a part."""
+    isolated=False, options={"rule": "piecewise_rule"}, check=parse_piecewise_truth)
+def piecewise_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
+                     rule: str = "partial_credit") -> dict[str, float]:
+    """The score of `rule` (a `PIECEWISE_SCORING` entry: `partial_credit`, `transparent_grpo`)."""
+    return PIECEWISE_SCORING.get(rule)(completion, ground_truth)
+
+
+# Transparent GRPO's ToyEnv.compute_reward, credit by credit: (regex on the text with spaces
+# removed unless noted, credit). Written for the canonical problem only (k = 2, a = -3, b = 3).
+_TGRPO_CANONICAL = (2, Fraction(-3), Fraction(3))
+_TGRPO_A_EQUATION = re.compile(r"2a.*=.*-3|2a.*=.*-6|a.*=.*-3")
+_TGRPO_A = re.compile(r"a\s*=\s*-3(\.0)?")
+_TGRPO_B_EQUATION = re.compile(r"-2-5=2\(-2\)-b|-7=-4-b")
+_TGRPO_B = re.compile(r"b\s*=\s*3(\.0)?")
+_TGRPO_SUM = re.compile(r"a\+b\s*=\s*0")
+_TGRPO_BOUNDARY = re.compile(r"x\s*=\s*2|x\s*=\s*-2")  # on the text as written
+_TGRPO_ANSWER = re.compile(r"answer.*0")  # on the lower-cased text
+
+
+@PIECEWISE_SCORING.register("transparent_grpo")
+def transparent_grpo_rule(completion: str, ground_truth: str) -> dict[str, float]:
+    """Transparent GRPO's reward (Siyuan-Harry/transparent-grpo, transparent_grpo.py,
+    `ToyEnv.compute_reward`), for the canonical problem only: + 0.2 for naming x = 2 or
+    x = -2 with "continuous" or "lim" in the text, + 0.25 for an equation for a (`2a ... = -3`,
+    `2a ... = -6` or `a ... = -3`), + 0.15 for `a = -3`, + 0.25 for `-2-5=2(-2)-b` or `-7=-4-b`,
+    + 0.15 for `b = 3`, + 0.2 for the answer (`a+b=0`, "answer" followed later by a 0, or
+    `\\boxed{0}`), capped at 1.0. Its regexes as written there (they are loose: `a.*=.*-3` also
+    matches `a = 5, so -3`). A ground truth other than the canonical problem's is an error."""
+    if parse_piecewise_truth(ground_truth) != _TGRPO_CANONICAL:
+        raise GroundTruthError("reward.piecewise_rule=transparent_grpo is written for the canonical problem "
+                               f'only (ground truth {{"k": 2, "a": -3, "b": 3}}), got {ground_truth!r}')
+    clean = completion.replace(" ", "")
+    lower = completion.lower()
+    continuity = "continuous" in lower or "lim" in lower
+    parts = {
+        "boundary": float(bool(_TGRPO_BOUNDARY.search(completion)) and continuity),
+        "equation_a": float(bool(_TGRPO_A_EQUATION.search(clean))),
+        "a_value": float(bool(_TGRPO_A.search(clean))),
+        "equation_b": float(bool(_TGRPO_B_EQUATION.search(clean))),
+        "b_value": float(bool(_TGRPO_B.search(clean))),
+        "answer": float(bool(_TGRPO_SUM.search(clean) or _TGRPO_ANSWER.search(lower))
+                        or "\\boxed{0}" in completion),
+    }
+    credits = {"boundary": 0.2, "equation_a": 0.25, "a_value": 0.15, "equation_b": 0.25, "b_value": 0.15,
+               "answer": 0.2}
+    return {"score": round(min(sum(credits[k] * v for k, v in parts.items()), 1.0), 6), **parts}
+
+
+@PIECEWISE_SCORING.register("partial_credit")
+def partial_credit_rule(completion: str, ground_truth: str) -> dict[str, float]:
+    """reasonrl's rule: the weighted partial credits (`WEIGHTS`) as "score", and each credit
+    (0/1) as a part; equations are checked mathematically (see the module docstring)."""
     k, a_true, b_true = parse_piecewise_truth(ground_truth)
     parts = dict.fromkeys(WEIGHTS, 0.0)
     text = completion.replace("\u2212", "-")

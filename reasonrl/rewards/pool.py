@@ -29,13 +29,17 @@ LOAD_TIMEOUT = 120.0  # seconds to import a target in a fresh worker (sympy is s
 
 @dataclass
 class Call:
-    """One reward call: `target` is "module:function" (or "file.py:function")."""
+    """One reward call: `target` is "module:function" (or "file.py:function"). With `batch`
+    ({"completions", "ground_truths", "groups", "extra_infos"}: lists) it is one call of a
+    batch reward (`reward.batch_fn`) over all of them; `completion` and `ground_truth` are
+    then unused."""
 
     target: str
     completion: str
     ground_truth: str
     extra_info: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
+    batch: dict | None = None
 
 
 @dataclass
@@ -195,6 +199,8 @@ class WorkerPool:
         """Hand `call` to an idle (or new) worker; a worker that died while idle is replaced once."""
         message = {"target": call.target, "completion": call.completion, "ground_truth": call.ground_truth,
                    "extra_info": call.extra_info, "options": call.options, "timeout": timeout}
+        if call.batch is not None:
+            message["batch"] = call.batch
         error = None
         for _ in range(2):
             worker = self._idle.pop() if self._idle else _Worker()

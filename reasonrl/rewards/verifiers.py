@@ -11,6 +11,17 @@ any other exception scores 0 and is counted in `reward/errors`.
 
 The task of a sample comes from `reward.fn` (a custom function for all samples), else
 `reward.task`, else (`reward.task=auto`) the example's `data_source`: see `task_for_source`.
+
+`reward.batch_fn` (instead of `reward.fn`) is called once per rollout batch:
+
+    fn(completions: list[str], ground_truths: list[str], groups: list[int],
+       extra_infos: list[dict], **options) -> list[float | dict[str, float]]
+
+with one score (or dict with "score") per completion, in order; `groups[i]` is the prompt
+(group) index of completion i. It runs like `reward.fn` (a worker process with a time limit
+of `reward.timeout` seconds per completion, unless `reward.isolate_fn=false`); a call that
+raises, returns the wrong number of scores or runs out of time scores every completion 0
+and counts each in `reward/errors` or `reward/timeouts`.
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ from reasonrl.registry import VERIFIERS
 # The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
 # names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
 # the verifier's keyword -> the RewardConfig field it comes from; `check`: reads a ground
-# truth, raising GroundTruthError when it cannot (run on every example before training).
+# truth, raising GroundTruthError when it cannot (run on every example before training). The
+# check of an isolated verifier has the verifier signature and runs in the worker pool too.
 
 @dataclass(frozen=True)
 class Verifier:
@@ -43,6 +55,7 @@ class Verifier:
     isolated: bool = False  # True: a worker process with a hard per-sample timeout
     timeout: float = 5.0
     workers: int = 2
+    batch: bool = False  # reward.batch_fn: one call for every sample of a batch
 
     def fn(self) -> Callable[..., Any]:
         return load_target(self.target)
@@ -72,7 +85,9 @@ def make_verifier(task: str, cfg) -> Verifier:
 
 
 def verifier_for(data_source: str, cfg) -> Verifier:
-    """reward.fn > reward.task > the data_source (reward.task=auto)."""
+    """reward.batch_fn > reward.fn > reward.task > the data_source (reward.task=auto)."""
+    if getattr(cfg, "batch_fn", ""):
+        return Verifier("batch", cfg.batch_fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers, batch=True)
     if cfg.fn:
         return make_verifier("custom", cfg)
     task = cfg.task if cfg.task != "auto" else task_for_source(data_source)
@@ -119,6 +134,17 @@ def check_signature(fn: Callable[..., Any], target: str) -> None:
         inspect.signature(fn).bind("completion", "ground truth", {})
     except TypeError as err:
         raise TypeError(f"{target} must accept (completion, ground_truth, extra_info): {err}") from None
+    except ValueError:  # builtins without a signature: trust them
+        pass
+
+
+def check_batch_signature(fn: Callable[..., Any], target: str) -> None:
+    """A batch reward must accept (completions, ground_truths, groups, extra_infos)."""
+    try:
+        inspect.signature(fn).bind(["completion"], ["ground truth"], [0], [{}])
+    except TypeError as err:
+        raise TypeError(f"{target} must accept (completions, ground_truths, groups, extra_infos): "
+                        f"{err}") from None
     except ValueError:  # builtins without a signature: trust them
         pass
 

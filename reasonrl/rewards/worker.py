@@ -5,6 +5,8 @@ Reads one JSON request per line on stdin, answers one JSON line on its own copy 
   {"target", "completion", "ground_truth", "extra_info", "options", "timeout"}
                                                          -> {"value": ...} | {"timeout": true}
                                                             | {"error": "..."} | {"ground_truth_error": "..."}
+  the same with "batch": {"completions", "ground_truths", "groups", "extra_infos"}: one call
+  fn(completions, ground_truths, groups, extra_infos, **options) -> {"value": [...]} | ...
 Anything the reward function prints goes to stderr, so it cannot corrupt the replies.
 """
 
@@ -30,6 +32,10 @@ def _on_alarm(signum, frame):
 def _jsonable(value):
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):  # numpy arrays and torch tensors (a batch reward's scores)
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     return float(value)  # numpy / torch scalars, Fractions
@@ -78,8 +84,13 @@ def main() -> None:
         try:
             try:
                 signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
-                value = fn(request["completion"], request["ground_truth"], request["extra_info"],
-                           **request["options"])
+                if "batch" in request:
+                    b = request["batch"]
+                    value = fn(b["completions"], b["ground_truths"], b["groups"], b["extra_infos"],
+                               **request["options"])
+                else:
+                    value = fn(request["completion"], request["ground_truth"], request["extra_info"],
+                               **request["options"])
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             reply = {"value": _jsonable(value)}

@@ -1,8 +1,9 @@
 """Rollout: engines behind one protocol (`base`), the registry that builds them
 (`engines`), and the worker that turns examples into `Rollouts` (`worker`)."""
 
-from reasonrl.rollout.base import Generation, RolloutEngine, SamplingParams
+from reasonrl.rollout.base import Generation, RolloutEngine, SamplingParams, prompt_seeds
 from reasonrl.rollout.engines import make_engine
-from reasonrl.rollout.worker import RolloutWorker
+from reasonrl.rollout.worker import RolloutWorker, check_prompt_lengths
 
-__all__ = ["Generation", "RolloutEngine", "RolloutWorker", "SamplingParams", "make_engine"]
+__all__ = ["Generation", "RolloutEngine", "RolloutWorker", "SamplingParams", "check_prompt_lengths",
+           "make_engine", "prompt_seeds"]

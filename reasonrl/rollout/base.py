@@ -24,6 +24,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 64
     greedy: bool = False  # argmax decoding (evaluation)
+    # strings that also end a row, like EOS: the row ends with the token that completes one (kept,
+    # with whatever else that token holds); a multi-turn episode's tool-call closing tags
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -31,13 +34,28 @@ class Generation:
     """Engine output: for each prompt, `n` completions (ids up to and including EOS)."""
 
     completion_ids: list[list[int]]  # N = len(prompts) * n rows, prompt-major
-    truncated: list[bool]  # row ended at max_new_tokens without EOS
+    truncated: list[bool]  # row ended at max_new_tokens without EOS or a stop string
     logprobs: list[torch.Tensor] | None = None  # sampler's per-token log-probs, if known
+
+
+SEED_BOUND = 2**31 - 1  # per-prompt seeds are drawn in [0, SEED_BOUND) (vLLM takes them as int32 too)
+
+
+def prompt_seeds(count: int) -> list[int]:
+    """One sampling seed per prompt, drawn in prompt order from torch's global RNG (which
+    `trainer.seed` seeds and checkpoints save). An engine samples prompt i's completions from
+    seed i alone, so the samples do not depend on how the prompts are batched or split
+    between rollout replicas."""
+    return torch.randint(0, SEED_BOUND, (count,)).tolist()
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation: ...
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> Generation:
+        """`params.n` completions per prompt; prompt i's from `seeds[i]` alone (None: drawn
+        here with `prompt_seeds`; ignored by greedy decoding)."""
+        ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 

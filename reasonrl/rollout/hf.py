@@ -7,8 +7,14 @@ Works on any causal LM transformers loads, on CPU and GPU. What it does that
   prefills every sample's copy of the prompt).
 - A finished row leaves the batch (its cache rows are dropped), so late steps cost only
   the rows still decoding; the loop ends when every row has hit EOS.
+- A row also ends at a stop string (`SamplingParams.stop`, a tool call's closing tag),
+  checked on the decoded tail of each active row after every step (`_stop_hits`).
 - Sampling draws one uniform number per row and inverts the cumulative distribution
   (`sample_tokens`), instead of `torch.multinomial`'s vocabulary-sized exponential draw.
+  The uniform numbers of prompt i come from a CPU generator seeded with its seed
+  (`rollout.base.prompt_seeds`: one draw from torch's global RNG per prompt, in prompt order):
+  sample s of the prompt uses u[s, t] of `torch.rand(n, max_new_tokens)` at step t, so a
+  prompt's completions are the same whichever prompts share its batch (rollout replicas).
 - The decoder itself comes from `reasonrl.accel` (`rollout.hf_decoder`): a lean
   Llama-family forward, with or without MKL-packed weights, or the transformers modules;
   `auto` measures them on this machine and keeps the fastest.
@@ -25,7 +31,7 @@ from collections.abc import Iterable
 import torch
 
 from reasonrl import accel
-from reasonrl.rollout.base import Generation, SamplingParams
+from reasonrl.rollout.base import Generation, SamplingParams, prompt_seeds
 from reasonrl.weights import weights_checksum
 
 
@@ -82,11 +88,16 @@ class HFEngine:
         since hooks or adapters may come after the engine."""
         return accel.choose(self.model, self.requested, rows)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> Generation:
+        if not params.greedy and seeds is None:
+            seeds = prompt_seeds(len(prompt_ids))
+        if seeds is not None and len(seeds) != len(prompt_ids):
+            raise ValueError(f"generate: {len(seeds)} seeds for {len(prompt_ids)} prompts")
         was_training = self.model.training
         self.model.eval()
         try:
-            rows = self._decode(prompt_ids, params)
+            rows = self._decode(prompt_ids, params, seeds)
         finally:
             self.model.train(was_training)
         # greedy samples of a prompt are all the same: each prompt was decoded once
@@ -98,8 +109,9 @@ class HFEngine:
         return Generation(completion_ids=completions, truncated=truncated)
 
     @torch.inference_mode()
-    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[tuple[list[int], bool]]:
-        """(completion ids up to and including EOS, ended with EOS) per row, prompt-major."""
+    def _decode(self, prompt_ids: list[list[int]], params: SamplingParams,
+                seeds: list[int] | None) -> list[tuple[list[int], bool]]:
+        """(completion ids up to and including EOS or a stop string, ended so) per row, prompt-major."""
         device = next(self.model.parameters()).device
         samples = 1 if params.greedy else params.n
         width = max(len(p) for p in prompt_ids)
@@ -112,10 +124,15 @@ class HFEngine:
         ids, mask = ids.to(device), mask.to(device)
         self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
         with accel.decoder(self.model, width, params.max_new_tokens, self.last_path) as decoder:
-            return self._sample(decoder, ids, mask, params, samples, device)
+            return self._sample(decoder, ids, mask, params, samples, device, seeds)
 
     def _sample(self, decoder: accel.Decoder, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
-                samples: int, device: torch.device) -> list[tuple[list[int], bool]]:
+                samples: int, device: torch.device, seeds: list[int] | None) -> list[tuple[list[int], bool]]:
+        uniform = None
+        if not params.greedy:  # [rows, max_new_tokens]: row p * samples + s is sample s of prompt p
+            uniform = torch.cat([torch.rand(samples, params.max_new_tokens,
+                                            generator=torch.Generator().manual_seed(seed)) for seed in seeds])
+            uniform = uniform.to(device)
         logits = decoder.prefill(ids, mask)
         if samples > 1:  # every sample of a prompt continues from the prompt's one prefill
             decoder.repeat(samples)
@@ -132,9 +149,11 @@ class HFEngine:
                 nxt = logits.argmax(dim=-1)
             else:
                 filtered = filter_logits(logits, params.temperature, params.top_k, params.top_p)
-                nxt = sample_tokens(filtered, torch.rand(active.numel(), device=device))
+                nxt = sample_tokens(filtered, uniform[active, t])
             tokens[active, t] = nxt
             done = torch.isin(nxt, eos)
+            if params.stop:
+                done |= self._stop_hits(tokens, active, t, params.stop)
             if bool(done.any()):
                 ended = active[done]
                 finished[ended] = True
@@ -149,6 +168,15 @@ class HFEngine:
             logits = decoder.step(nxt)
         tokens, lengths, finished = tokens.tolist(), lengths.tolist(), finished.tolist()
         return [(tokens[r][: lengths[r]], finished[r]) for r in range(n_rows)]
+
+    def _stop_hits(self, tokens: torch.Tensor, active: torch.Tensor, t: int,
+                   stop: tuple[str, ...]) -> torch.Tensor:
+        """[len(active)] bool: the row's sampled text ends a stop string at step t. Read on the
+        decoded tail of its last `window` tokens: every token holds at least one byte, so the tail
+        holds the longest stop string, and a string completed earlier was caught then."""
+        window = max(len(s.encode()) for s in stop)
+        tails = self.tokenizer.batch_decode(tokens[active, max(0, t + 1 - window): t + 1].tolist())
+        return torch.tensor([any(s in text for s in stop) for text in tails], device=tokens.device)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -10,17 +10,23 @@ How it is wired:
 - vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor), so a
   weight push hands the policy's tensors to vLLM's worker by reference: the worker's
   `reload_weights` (reached through `LLM.collective_rpc`) copies them into its own
-  layout (about a second for 135M parameters on 2 CPU cores).
+  layout (about a second for 135M parameters on 2 CPU cores), reading them one at a time.
+- `rollout.vllm.tensor_parallel_size` > 1 spreads the model over that many GPUs (vLLM's
+  "mp" executor, one worker process per GPU): a push then sends the tensors to every
+  worker (the function and its tensors pickled, `VLLM_ALLOW_INSECURE_SERIALIZATION=1`),
+  each loading its slices. The model's attention heads must divide by the size.
 - Tied embeddings: on CPU vLLM packs each linear layer's weight for oneDNN. A tied
   `lm_head` keeps its own packed copy of `embed_tokens`, which `reload_weights` does
   not refresh; every layer whose weight is shared with another is re-packed after a push.
 
 Weight-sync verification (the contract of `reasonrl.rollout`, plus a probe):
 - `weights_checksum()` is `reasonrl.rollout.weights_checksum` of the tensors the
-  worker's `reload_weights` actually consumed in the last push (of the policy's model
-  at start). vLLM's own parameters cannot be read back on CPU (the packed layers keep
-  an empty weight), so this catches a skipped or partial push but not a push that
-  vLLM consumed and then failed to apply.
+  worker's `reload_weights` actually consumed, by name: those of the policy's model at
+  start, each replaced by the latest push that brought it (a push may bring a part of the
+  weights: one bucket of a streamed sync, or only the layers LoRA changes). vLLM's own
+  parameters cannot be read back on CPU (the packed layers keep an empty weight), so this
+  catches a skipped or partial push but not a push that vLLM consumed and then failed to
+  apply.
 - That is what the probe is for: the log-probs of a fixed token sequence
   (`reasonrl.rollout.PROBE_TEXT`), computed by vLLM (`prompt_logprobs`) and by the
   policy (an fp32 forward), must agree within `rollout.vllm.probe_tol` (by default 1e-3
@@ -29,10 +35,17 @@ Weight-sync verification (the contract of `reasonrl.rollout`, plus a probe):
   `rollout.vllm.probe_every`-th push (against the policy), raising `WeightSyncError`.
   In fp32 they agree to 5e-5 or better (README), far below the default tolerance.
 
-Sampling: each prompt gets its own seed drawn from torch's global RNG, so the samples
-are fixed by `trainer.seed` (the same seed gives the same samples). The sampled
+Sampling: each prompt gets its own seed drawn from torch's global RNG
+(`rollout.base.prompt_seeds`, given by the rollout worker), so the samples are fixed by
+`trainer.seed` (the same seed gives the same samples) and do not depend on how prompts are
+split between rollout replicas. The sampled
 tokens' log-probs are vLLM's "processed" ones (after temperature, top-k and top-p:
 those of the distribution actually sampled from), returned as `Generation.logprobs`.
+
+Multi-turn episodes: a turn also ends at a stop string (`SamplingParams.stop`: vLLM's `stop`
+with `include_stop_str_in_output`, matched on the detokenized text; the ids end with the token
+that completed it), and the next turn is a new request whose prompt is the trajectory so far:
+prefix caching (on) reuses the KV blocks of the prompt and earlier turns.
 """
 
 from __future__ import annotations
@@ -53,9 +66,9 @@ import numpy as np
 import torch
 
 from reasonrl.cache import reasonrl_home
-from reasonrl.errors import WeightSyncError
-from reasonrl.rollout.base import Generation, SamplingParams
-from reasonrl.weights import PROBE_TEXT, reference_logprobs, weights_checksum
+from reasonrl.errors import ConfigError, WeightSyncError
+from reasonrl.rollout.base import Generation, SamplingParams, prompt_seeds
+from reasonrl.weights import PROBE_TEXT, combine_sums, reference_logprobs, sample_sums
 
 CPU_KV_CACHE_GIB = 1.0  # default KV cache on CPU: ~23k tokens of SmolLM2-135M (46 KB each)
 # default probe tolerance by dtype: SmolLM2-135M's probe differs by at most 5e-5 in float32
@@ -77,7 +90,22 @@ def vllm_missing() -> str | None:
             f"machine) or pip install 'reasonrl[{extra}]'")
 
 
-def vllm_environment(threads: int) -> dict[str, str]:
+def check_tensor_parallel(size: int, model_config, gpus: int) -> None:
+    """ConfigError unless vLLM can place `size` tensor-parallel workers: `gpus` GPUs visible
+    here (one per worker) and attention (and key/value) heads that divide by `size`."""
+    if size == 1:
+        return
+    if gpus < size:
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size: {size} needs {size} GPUs visible to the "
+                          f"engine's process; it sees {gpus}")
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    if heads is not None and (heads % size or (kv_heads % size and size % kv_heads)):
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size: {size} does not divide the model's "
+                          f"{heads} attention heads ({kv_heads} key/value heads); use a divisor of {heads}")
+
+
+def vllm_environment(threads: int, tensor_parallel: int = 1) -> dict[str, str]:
     """Environment vLLM reads at start: in-process engine, caches out of $HOME (under
     $REASONRL_HOME/vllm), no usage statistics, only errors logged. User settings win, except
     the in-process mode that the weight push relies on."""
@@ -92,6 +120,8 @@ def vllm_environment(threads: int) -> dict[str, str]:
     }
     env = {k: os.environ.get(k, v) for k, v in env.items()}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if tensor_parallel > 1:  # the weight push sends a function to the workers' processes
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if not cuda_available():
         env["OMP_NUM_THREADS"] = str(threads)  # vLLM otherwise drops torch to 1 thread
     return env
@@ -176,6 +206,9 @@ class VLLMEngine:
         if problem is not None:
             raise ImportError(problem)
         self.options = options
+        self.tensor_parallel = options.tensor_parallel_size
+        check_tensor_parallel(self.tensor_parallel, model.config,
+                              torch.cuda.device_count() if cuda_available() else 0)
         self.threads = options.threads or threads or torch.get_num_threads()
         eos = model.generation_config.eos_token_id
         if eos is None:
@@ -190,7 +223,7 @@ class VLLMEngine:
         with tempfile.TemporaryDirectory(prefix="reasonrl-vllm-") as folder:
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-            self._checksum = weights_checksum(model.named_parameters())
+            self._sums = sample_sums(model.named_parameters())
             self.llm = self._start(Path(folder))
         self.startup_seconds = time.perf_counter() - t
         try:
@@ -205,15 +238,18 @@ class VLLMEngine:
         kwargs = dict(
             model=str(folder), tokenizer=str(folder),
             dtype=str(self.dtype).removeprefix("torch."), seed=0,
-            enforce_eager=o.enforce_eager, distributed_executor_backend="uni",
+            enforce_eager=o.enforce_eager, tensor_parallel_size=self.tensor_parallel,
+            distributed_executor_backend="uni" if self.tensor_parallel == 1 else "mp",
             logprobs_mode="processed_logprobs", gpu_memory_utilization=o.gpu_memory_utilization,
-            disable_log_stats=True)
+            disable_log_stats=True,
+            # a multi-turn episode's next turn re-sends its trajectory: its KV blocks are reused
+            enable_prefix_caching=True)
         kv_gib = o.kv_cache_gib or (0.0 if cuda_available() else CPU_KV_CACHE_GIB)
         if kv_gib:
             kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
         if o.max_model_len:
             kwargs["max_model_len"] = o.max_model_len
-        with patched_environ(vllm_environment(self.threads)), kept_process_state(), \
+        with patched_environ(vllm_environment(self.threads, self.tensor_parallel)), kept_process_state(), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of deprecated torch names
             from vllm import LLM
@@ -229,18 +265,21 @@ class VLLMEngine:
 
         common = dict(max_tokens=params.max_new_tokens, stop_token_ids=self.eos_ids,
                       detokenize=False, logprobs=0 if logprobs else None)
+        if params.stop:  # vLLM matches stop strings on the detokenized text; the ids keep the last token
+            common.update(stop=list(params.stop), include_stop_str_in_output=True, detokenize=True)
         if params.greedy:
             return VSamplingParams(n=1, temperature=0.0, **common)
         return VSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                top_k=params.top_k or 0, seed=seed, **common)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> Generation:
         # Greedy samples of a prompt are all the same: decode each prompt once, repeat n times.
         copies = params.n if params.greedy else 1
         if params.greedy:
             sampling = self._sampling(params, None, logprobs=False)
         else:
-            seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
+            seeds = prompt_seeds(len(prompt_ids)) if seeds is None else seeds
             sampling = [self._sampling(params, seed, logprobs=True) for seed in seeds]
         with torch_threads(self.threads):
             outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids],
@@ -260,27 +299,32 @@ class VLLMEngine:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+        """Load these tensors (all of the weights or a part) into vLLM, one at a time as it
+        reads them; the checksum's parts of the tensors it read replace those it had."""
+        if self.tensor_parallel > 1:  # the function travels to the workers' processes, with its tensors
+            named_tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
 
-        def push(worker) -> float:
-            consumed: list[tuple[str, torch.Tensor]] = []
+        def push(worker) -> dict[str, float]:
+            consumed: dict[str, float] = {}
 
             def weights() -> Iterator[tuple[str, torch.Tensor]]:
-                for name, tensor in tensors:
-                    consumed.append((name, tensor))
+                for name, tensor in named_tensors:
+                    tensor = tensor.detach()
+                    sample_sums([(name, tensor)], consumed)
                     yield name, tensor
 
             worker.reload_weights(weights_iterator=weights())
             if not cuda_available():
                 repack_shared_weights(worker.model_runner.get_model())
-            return weights_checksum(consumed)
+            return consumed
 
         with torch_threads(self.threads):
-            (self._checksum,) = self.llm.collective_rpc(push)
+            consumed = self.llm.collective_rpc(push)[0]  # each worker read the same tensors
+        self._sums.update(consumed)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def weights_checksum(self) -> float:
-        return self._checksum
+        return combine_sums(self._sums)
 
     # ---- the probe --------------------------------------------------------------------
 

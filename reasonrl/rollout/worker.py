@@ -14,53 +14,99 @@ import torch
 
 from reasonrl.batch import Example, Rollouts
 from reasonrl.data import render_prompt
-from reasonrl.errors import DataError, WeightSyncError
-from reasonrl.rollout.base import RolloutEngine, SamplingParams
+from reasonrl.envs import EnvSpec
+from reasonrl.errors import ConfigError, DataError, PromptTooLong, WeightSyncError
+from reasonrl.rollout.base import RolloutEngine, SamplingParams, prompt_seeds
+from reasonrl.rollout.episodes import EpisodeRunner, ObservationEncoder
 from reasonrl.weights import checksums_match
 
 
+def check_prompt_lengths(rollout, examples: list[Example], max_prompt_tokens: int, shown: int = 10) -> None:
+    """Encode every example through `rollout` (a rollout worker or its proxy, whose `encode` runs
+    here): a DataError listing every prompt longer than `max_prompt_tokens` (the first `shown`
+    with their file:line and length, then how many more), so that a run stops at start-up with
+    all of them rather than at the first, or at step 500. Under `data.truncate_prompts=left`
+    `encode` cuts them instead and nothing is raised."""
+    too_long: list[PromptTooLong] = []
+    for example in examples:
+        try:
+            rollout.encode(example)
+        except PromptTooLong as err:
+            too_long.append(err)
+    if too_long:
+        listed = "; ".join(f"{e.where} ({e.tokens} tokens)" for e in too_long[:shown])
+        more = f"; and {len(too_long) - shown} more" if len(too_long) > shown else ""
+        raise DataError(f"{len(too_long)} prompt(s) longer than data.max_prompt_tokens={max_prompt_tokens}: "
+                        f"{listed}{more}. Raise data.max_prompt_tokens, shorten them, or cut them from the "
+                        "left with data.truncate_prompts=left")
+
+
+def check_chat_observations(tokenizer, role: str) -> None:
+    """ConfigError unless the tokenizer's chat template renders a `role` message after the
+    model's turn (`env.observation_format=chat`)."""
+    try:
+        ObservationEncoder(tokenizer).chat_text({"role": role, "content": "42"}, None)
+    except ValueError as err:
+        raise ConfigError(f"env.observation_format=chat: {err}; use env.observation_format=tagged") from None
+
+
 class RolloutWorker:
-    """Renders prompts, calls the engine, decodes, and returns group-major `Rollouts`."""
+    """Renders prompts, plays the episodes (one engine turn each without an environment;
+    `reasonrl.rollout.episodes`), and returns group-major `Rollouts`."""
 
     def __init__(self, engine: RolloutEngine | None, tokenizer, apply_chat_template: bool = True,
-                 system_prompt: str = "", max_prompt_tokens: int = 256):
+                 system_prompt: str = "", max_prompt_tokens: int = 256, truncate_prompts: str = "error",
+                 env: EnvSpec | None = None):
         self.engine, self.tokenizer = engine, tokenizer
+        self.env = env  # the run's environment (reasonrl.envs.environment_spec); None = single-turn
+        if env is not None and env.config.observation_format == "chat" and not env.config.fn:
+            check_chat_observations(tokenizer, "tool" if env.name == "tool" else "user")
         self.apply_chat_template, self.system_prompt = apply_chat_template, system_prompt
         self.max_prompt_tokens = max_prompt_tokens
+        if truncate_prompts not in ("error", "left"):
+            raise ValueError(f"truncate_prompts: {truncate_prompts!r}; allowed: error, left")
+        self.truncate_prompts = truncate_prompts
         self.policy_version = 0  # the policy step whose weights the engine serves
         self.pushes = 0  # weight pushes so far (an engine may verify every k-th by a probe)
 
     def encode(self, example: Example) -> list[int]:
+        """The prompt's token ids. Longer than `max_prompt_tokens`: `PromptTooLong` (a DataError
+        naming the record), or with `truncate_prompts="left"` its last `max_prompt_tokens`
+        tokens (TRL's left truncation: the end of the prompt, where the question and the
+        generation prompt are, is kept)."""
         text = render_prompt(example, self.tokenizer, self.apply_chat_template, self.system_prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
+            if self.truncate_prompts == "left":
+                return ids[-self.max_prompt_tokens:]
             where = example.meta.get("origin", repr(str(example.prompt)[:60]))
-            raise DataError(f"{where}: prompt has {len(ids)} tokens, more than "
-                             f"data.max_prompt_tokens={self.max_prompt_tokens}; raise it or "
-                             "shorten the prompt")
+            raise PromptTooLong(f"{where}: prompt has {len(ids)} tokens, more than "
+                                f"data.max_prompt_tokens={self.max_prompt_tokens}", where, len(ids))
         return ids
 
-    def rollout(self, examples: list[Example], params: SamplingParams) -> Rollouts:
+    def rollout(self, examples: list[Example], params: SamplingParams,
+                seeds: list[int] | None = None) -> Rollouts:
+        """`params.n` completions of each example; example i's sampled from `seeds[i]` alone
+        (None: one seed per example drawn here from torch's RNG, `prompt_seeds`; greedy
+        decoding draws none). Several replicas given the same seeds for their share of the
+        examples return, together, what one worker returns for all."""
         prompts = [self.encode(e) for e in examples]
-        gen = self.engine.generate(prompts, params)
-        n = params.n
-        texts = self.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-        return Rollouts(
-            prompt_ids=[p for p in prompts for _ in range(n)],
-            completion_ids=gen.completion_ids,
-            texts=texts,
-            group=torch.arange(len(examples)).repeat_interleave(n),
-            truncated=torch.tensor(gen.truncated, dtype=torch.bool),
-            examples=[e for e in examples for _ in range(n)],
-            sampler_logprobs=gen.logprobs,
-            policy_version=self.policy_version,
-        )
+        if seeds is None and not params.greedy:
+            seeds = prompt_seeds(len(prompts))
+        runner = EpisodeRunner(self.engine, self.tokenizer, self.env)
+        return runner.run(examples, prompts, params, seeds, self.policy_version)
 
     def probe_due(self) -> list[int] | None:
         """The probe token ids when the engine wants the coming push verified by log-probs,
         else None; the caller passes the policy's `reference_logprobs` of them as
         `expected_probe`."""
         return self.engine.probe_ids(self.pushes + 1)
+
+    def load_weight_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of a push that arrives in parts (ray mode's streamed sync): load it into
+        the engine, unchecked. The push ends with `load_weights` (given its last bucket), whose
+        checks cover the engine's whole weights."""
+        self.engine.load_weights(named_tensors)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
                      expected_checksum: float | None = None,

@@ -1,0 +1,109 @@
+"""PPO with a learned critic: token rewards, GAE advantages and returns, whitening, the
+clipped value loss and explained variance. Pure functions on [N, T] tensors with a `mask`
+[N, T] of valid completion tokens (row i's tokens are positions 0..len_i - 1).
+
+The completion is the episode: state s_t is the prompt plus tokens 0..t-1, action a_t is
+token t, and the critic's value V_t = V(s_t) is read at the position that predicts token t
+(the same hidden state as the token's log-prob). The task reward comes at the last token;
+a per-token KL penalty (KL in the reward) at every token. After the last token the episode
+ends (V = 0): a completion cut at `rollout.max_new_tokens` is scored like any other and
+treated as terminal, as verl (`compute_gae_advantage_return`) and OpenRLHF do;
+bootstrapping from V(s_T) would credit a reward the episode never receives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reasonrl.registry import ADVANTAGES
+
+
+def token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
+                  beta: float = 0.0) -> torch.Tensor:
+    """r_t [N, T]: -beta * KL_t at every valid token, plus the sequence's score at its last
+    valid token (the sparse outcome reward; PPO-RLHF, Ouyang et al. 2022, eq. 2; verl's
+    `token_level_rewards`). `kl` [N, T] is the per-token KL estimate to the reference."""
+    mask = mask.to(torch.float32)
+    rewards = torch.zeros_like(mask)
+    if kl is not None and beta:
+        rewards = -beta * kl.to(torch.float32) * mask
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    has_tokens = mask.sum(-1) > 0
+    rows = torch.arange(mask.size(0))
+    rewards[rows[has_tokens], last[has_tokens]] += scores.to(torch.float32)[has_tokens]
+    return rewards
+
+
+@ADVANTAGES.register("gae", needs_groups=False, critic=True)
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) [N, T] by generalised advantage estimation (Schulman et al. 2016,
+    "High-Dimensional Continuous Control Using Generalized Advantage Estimation", eq. 16):
+
+        delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last valid token = 0)
+        A_t     = delta_t + gamma * lam * A_{t+1}      (A after the last valid token = 0)
+        R_t     = A_t + V_t                            (the critic's regression target)
+
+    computed backwards over each row's valid tokens; padded positions get 0. gamma = lam = 1
+    (the default of verl's and OpenRLHF's reasoning recipes) makes A_t the outcome minus V_t.
+    """
+    mask = mask.to(torch.float32)
+    rewards, values = rewards.to(torch.float32) * mask, values.to(torch.float32) * mask
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.size(0))
+    next_advantage = torch.zeros(rewards.size(0))
+    for t in reversed(range(rewards.size(1))):
+        valid = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        # a padded position passes nothing back: the next valid token sees V = A = 0 beyond it
+        advantages[:, t] = advantage * valid
+        next_value = values[:, t] * valid
+        next_advantage = advantage * valid
+    return advantages, (advantages + values) * mask
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the valid tokens of the whole batch, 0 elsewhere:
+    the advantage normalisation of PPO implementations (verl's `masked_whiten`, OpenRLHF's
+    advantage normalisation; Engstrom et al. 2020 on its effect). var is the unbiased
+    estimate over the valid tokens."""
+    mask = mask.to(torch.float32)
+    count = mask.sum()
+    mean = (x * mask).sum() / count.clamp(min=1)
+    var = (((x - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       cliprange: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token loss, clipped) [N, T]: the PPO clipped value loss (Schulman et al. 2017, the
+    value-function clipping of the PPO baselines implementation; verl's `compute_value_loss`):
+
+        V_clip = old_V + clip(V - old_V, -c, c)
+        loss_t = 0.5 * max((V - R)^2, (V_clip - R)^2)
+
+    `clipped` marks tokens where the clipped term is the larger one (its gradient is 0).
+    cliprange 0 turns the clip off (plain 0.5 (V - R)^2)."""
+    unclipped = (values - returns) ** 2
+    if cliprange <= 0:
+        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    value_clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
+    clipped = (value_clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).detach()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the valid tokens: 1 for a perfect critic, 0 for one that
+    predicts the mean, negative for worse (the diagnostic of the PPO baselines)."""
+    mask = mask.to(torch.float32)
+    count = mask.sum().clamp(min=1)
+
+    def var(x: torch.Tensor) -> torch.Tensor:
+        mean = (x * mask).sum() / count
+        return (((x - mean) * mask) ** 2).sum() / count
+
+    var_returns = var(returns)
+    if var_returns <= 0:
+        return 0.0
+    return (1.0 - var(returns - values) / var_returns).item()

@@ -1,0 +1,83 @@
+"""Environment steps of one turn, run concurrently, each with its own timeout, never raising.
+
+All episodes of a batch advance turn by turn: after the engine's turn, every episode still
+going takes one environment step, at most `workers` at a time, each in a thread of its own
+(daemon: a step that never returns cannot hold up the process's exit). A step gets `timeout`
+seconds from when it starts; past that it is answered as timed out and its slot goes to the
+next step (the thread cannot be stopped: it finishes, or not, unobserved, and the episode that
+owned it asks its environment nothing more). A step that raises is answered with the error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One call's result: its value, or why there is none."""
+
+    value: Any = None
+    error: str | None = None  # "ValueError: ..." when it raised, or the timeout
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int) -> list[Outcome]:
+    """Run the zero-argument `calls` with at most `workers` at once and `timeout` seconds each
+    (from its start); their outcomes, in order. Never raises for what a call does."""
+    n = len(calls)
+    if n == 0:
+        return []
+    results: list[Outcome | None] = [None] * n
+    started: list[float | None] = [None] * n
+    released = [False] * n
+    slots = threading.Semaphore(max(1, workers))
+    changed = threading.Condition()
+
+    def release(i: int) -> None:
+        with changed:
+            if not released[i]:
+                released[i] = True
+                slots.release()
+            changed.notify_all()
+
+    def work(i: int) -> None:
+        slots.acquire()
+        with changed:
+            started[i] = time.monotonic()
+            changed.notify_all()
+        try:
+            outcome = Outcome(value=calls[i]())
+        except BaseException as err:  # whatever user code raises (SystemExit too) becomes an answer
+            outcome = Outcome(error=f"{type(err).__name__}: {err}")
+        seconds = time.monotonic() - started[i]
+        with changed:
+            if results[i] is None:  # not already answered as timed out
+                results[i] = Outcome(outcome.value, outcome.error, False, seconds)
+        release(i)
+
+    for i in range(n):
+        threading.Thread(target=work, args=(i,), daemon=True, name=f"reasonrl-env-step-{i}").start()
+    with changed:
+        while True:
+            now = time.monotonic()
+            waits = []
+            for i in range(n):
+                if results[i] is None and started[i] is not None:
+                    left = started[i] + timeout - now
+                    if left <= 0:
+                        results[i] = Outcome(error=f"timed out after {timeout:g} s", timed_out=True,
+                                             seconds=now - started[i])
+                        if not released[i]:
+                            released[i] = True
+                            slots.release()
+                    else:
+                        waits.append(left)
+            if all(r is not None for r in results):
+                return list(results)  # type: ignore[arg-type]
+            changed.wait(timeout=min(waits, default=timeout))

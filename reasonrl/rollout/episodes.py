@@ -1,0 +1,311 @@
+"""Episodes: every rollout, single-turn or multi-turn, as one loop over turns.
+
+All episodes of a batch advance turn by turn:
+
+1. the engine samples a turn for every episode still going. Turn 1 is the engine call of a
+   single-turn rollout: `n` samples of each prompt, from the prompt's seed. A later turn is one
+   sample of each episode's trajectory so far, sent again as the prompt (the HF engine
+   re-prefills it, vLLM's prefix cache reuses its KV blocks), from `turn_seed` (the prompt's
+   seed, the sample and the turn: an episode never depends on the batch it is in);
+2. the turn's ids are appended exactly as the engine sampled them (mask 1; they are never
+   decoded and re-encoded) and decoded once, for the environment and the logs;
+3. each episode whose turn ended at EOS or a stop string takes one environment step; the
+   steps of a turn run concurrently, each with `env.step_timeout` (`reasonrl.envs.run_calls`);
+4. the observation (text, or a chat message rendered by the chat template) is tokenized and
+   appended (mask 0), and the episode goes on unless the environment said it is done.
+
+Limits: `env.max_turns` model turns; `rollout.max_new_tokens` model tokens in all; a turn's
+`env.max_turn_tokens`; `env.max_total_tokens` model + environment tokens after the prompt.
+A turn cut by one of them ends its episode, marked truncated; so does an episode still going
+after its last turn, or whose next observation leaves no room for another model token.
+An environment that raises or answers what is not an observation gives the episode an error
+observation (counted in `env_errors`); one that hangs past the timeout ends the episode.
+
+Without an environment (`env.name=none`) the loop ends after turn 1: a single-turn rollout
+is the one-turn case, the same engine call and the same record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reasonrl.batch import Example, Rollouts, Turn
+from reasonrl.envs import BadStep, EnvSpec, EnvStep, Outcome, as_step, observation_text, run_calls
+from reasonrl.rollout.base import SEED_BOUND, RolloutEngine, SamplingParams
+
+PLACEHOLDER = "REASONRL-TURN-PLACEHOLDER"  # stands for the model's turn when rendering a chat message
+
+
+def turn_seed(seed: int, sample: int, turn: int) -> int:
+    """The sampling seed of turn `turn` (2, 3, ...) of sample `sample` of a prompt whose seed is
+    `seed`: the first 8 bytes of BLAKE2b("seed:sample:turn") mod SEED_BOUND. A function of the
+    episode alone, so its turns do not depend on the batch or replica it runs in."""
+    digest = hashlib.blake2b(f"{seed}:{sample}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % SEED_BOUND
+
+
+def error_observation(message: str) -> str:
+    """What the model reads when its environment failed."""
+    return f"\n[environment error: {message}]\n"
+
+
+class ObservationEncoder:
+    """An observation -> the token ids appended after the model's turn. Text is tokenized as it
+    is; a chat message {"role", "content"} becomes what the tokenizer's chat template puts
+    between the model's turn and the next one: the end of the model's message (unless its last
+    token already is that end, e.g. EOS), the message, and the generation prompt."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def chat_text(self, message: dict, last_id: int | None) -> str:
+        """The text after a model turn ending with token `last_id` that adds `message` (ValueError
+        when the chat template cannot render it after an assistant message)."""
+        base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PLACEHOLDER}]
+        try:
+            before = self.tokenizer.apply_chat_template(base, tokenize=False)
+            after = self.tokenizer.apply_chat_template([*base, message], tokenize=False,
+                                                       add_generation_prompt=True)
+        except Exception as err:
+            raise ValueError(f"the chat template cannot render a {message.get('role')!r} message after "
+                             f"the model's: {type(err).__name__}: {err}") from None
+        if not isinstance(before, str) or not after.startswith(before) or PLACEHOLDER not in before:
+            raise ValueError("the chat template renders the earlier messages differently once a "
+                             f"{message.get('role')!r} message follows; use tagged observations")
+        close = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER):]
+        if last_id is not None:
+            last = self.tokenizer.decode([last_id])
+            if last and close.startswith(last):  # the model ended its message itself (EOS)
+                close = close[len(last):]
+        return close + after[len(before):]
+
+    def encode(self, observation: str | dict | None, last_id: int | None) -> list[int]:
+        if observation is None:
+            return []
+        text = observation if isinstance(observation, str) else self.chat_text(observation, last_id)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Episode:
+    """One row's trajectory while it is being played."""
+
+    prompt: list[int]
+    example: Example
+    seed: int | None
+    sample: int  # which of its prompt's n samples
+    env: Any = None  # its environment (None: single-turn, or the environment failed to start)
+    ids: list[int] = field(default_factory=list)  # after the prompt: model and environment ids
+    mask: list[int] = field(default_factory=list)  # 1 on model ids
+    logprobs: list[float] | None = field(default_factory=list)  # per id (0 on environment ids)
+    turns: list[Turn] = field(default_factory=list)
+    model_tokens: int = 0
+    over: bool = False
+    truncated: bool = False
+    start_error: str | None = None  # why its environment did not start
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("tool_calls", "tool_errors", "tool_timeouts", "env_errors", "env_timeouts"), 0))
+    reward: float = 0.0
+
+
+class EpisodeRunner:
+    """Plays the episodes of one rollout call (see the module docstring)."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer, env: EnvSpec | None = None):
+        self.engine, self.tokenizer, self.env = engine, tokenizer, env
+        self.encoder = ObservationEncoder(tokenizer)
+
+    def run(self, examples: list[Example], prompts: list[list[int]], params: SamplingParams,
+            seeds: list[int] | None, version: int) -> Rollouts:
+        env = self.env
+        episodes = [Episode(p, e, None if seeds is None else seeds[k], s)
+                    for k, (p, e) in enumerate(zip(prompts, examples, strict=True)) for s in range(params.n)]
+        seconds = 0.0
+        if env is not None:
+            seconds += self._start(episodes)
+        turn_cap = params.max_new_tokens
+        if env is not None and env.config.max_turn_tokens:
+            turn_cap = min(turn_cap, env.config.max_turn_tokens)
+        stop = env.stop_strings if env is not None else ()
+        active = list(range(len(episodes)))
+        budgets = [self._budget(episodes[i], turn_cap, params.max_new_tokens) for i in active]
+        gen = self.engine.generate(prompts, dataclasses.replace(params, max_new_tokens=budgets[0], stop=stop),
+                                   seeds)
+        turn = 1
+        while True:
+            self._record(episodes, active, gen, budgets)
+            if env is None:
+                break
+            stepping = [i for i in active if not episodes[i].over]
+            for i in stepping:
+                if episodes[i].env is None:  # it failed to start: this turn was its only one
+                    episodes[i].over = True
+                    episodes[i].turns[-1] = dataclasses.replace(episodes[i].turns[-1],
+                                                                error=episodes[i].start_error)
+            stepping = [i for i in stepping if not episodes[i].over]
+            t = time.perf_counter()
+            outcomes = run_calls([_step_call(episodes[i]) for i in stepping], env.config.step_timeout,
+                                 env.config.workers)
+            seconds += time.perf_counter() - t
+            for i, outcome in zip(stepping, outcomes, strict=True):
+                self._apply(episodes[i], outcome, turn, params.max_new_tokens)
+            active = [i for i in stepping if not episodes[i].over]
+            if not active:
+                break
+            turn += 1
+            budgets = [self._budget(episodes[i], turn_cap, params.max_new_tokens) for i in active]
+            turn_seeds = None if params.greedy or seeds is None else \
+                [turn_seed(episodes[i].seed, episodes[i].sample, turn) for i in active]
+            turn_params = dataclasses.replace(params, n=1, max_new_tokens=max(budgets), stop=stop)
+            gen = self.engine.generate([episodes[i].prompt + episodes[i].ids for i in active], turn_params,
+                                       turn_seeds)
+        return self._rollouts(episodes, len(prompts), params.n, version, seconds)
+
+    # ---- the steps of the loop ----------------------------------------------------------
+
+    def _budget(self, ep: Episode, turn_cap: int, max_new_tokens: int) -> int:
+        """Model tokens the episode's next turn may take under every limit (>= 1 by `_apply`)."""
+        budget = min(turn_cap, max_new_tokens - ep.model_tokens)
+        if self.env is not None and self.env.config.max_total_tokens:
+            budget = min(budget, self.env.config.max_total_tokens - len(ep.ids))
+        return budget
+
+    def _start(self, episodes: list[Episode]) -> float:
+        """Build and reset each episode's environment (concurrently, timed out like a step);
+        one that fails leaves its episode single-turn, counted. Returns the seconds spent."""
+        env = self.env
+
+        def start(ep: Episode):
+            def call() -> Any:
+                instance = env.make()
+                instance.reset(ep.example)
+                return instance
+            return call
+
+        t = time.perf_counter()
+        outcomes = run_calls([start(ep) for ep in episodes], env.config.step_timeout, env.config.workers)
+        for ep, outcome in zip(episodes, outcomes, strict=True):
+            if outcome.error is None:
+                ep.env = outcome.value
+            else:
+                ep.start_error = f"the environment did not start: {outcome.error}"
+                ep.counts["env_errors"] += 1
+                ep.counts["env_timeouts"] += outcome.timed_out
+        return time.perf_counter() - t
+
+    def _record(self, episodes: list[Episode], active: list[int], gen, budgets: list[int]) -> None:
+        """Append each active episode's sampled turn (cut at its own budget: the engine sampled
+        up to the largest one) and decode it."""
+        turns, cut = [], []
+        for j in range(len(active)):
+            ids, truncated = gen.completion_ids[j], gen.truncated[j]
+            if len(ids) > budgets[j]:
+                ids, truncated = ids[: budgets[j]], True
+            turns.append(ids)
+            cut.append(truncated)
+        texts = self.tokenizer.batch_decode(turns, skip_special_tokens=True)
+        for j, i in enumerate(active):
+            ep, ids = episodes[i], turns[j]
+            ep.ids += ids
+            ep.mask += [1] * len(ids)
+            if gen.logprobs is None or ep.logprobs is None:
+                ep.logprobs = None
+            else:
+                ep.logprobs += gen.logprobs[j][: len(ids)].tolist()
+            ep.model_tokens += len(ids)
+            ep.turns.append(Turn(texts[j]))
+            if cut[j]:
+                ep.over = ep.truncated = True
+            elif self.env is None:
+                ep.over = True
+
+    def _apply(self, ep: Episode, outcome: Outcome, turn: int, max_new_tokens: int) -> None:
+        """The environment's answer to the episode's turn: counted, logged, and its observation
+        appended when the episode goes on."""
+        cfg = self.env.config
+        failure = None
+        if outcome.timed_out:  # the hung step still owns the environment: nothing more to ask it
+            ep.counts["env_errors"] += 1
+            ep.counts["env_timeouts"] += 1
+            ep.turns[-1] = dataclasses.replace(ep.turns[-1], error=f"environment step {outcome.error}")
+            ep.over = ep.truncated = True
+            return
+        if outcome.error is not None:
+            failure = f"the environment's step raised {outcome.error}"
+        else:
+            try:
+                step = as_step(outcome.value)
+            except BadStep as err:
+                failure = str(err)
+        if failure is not None:
+            ep.counts["env_errors"] += 1
+            step = EnvStep(observation=error_observation(failure))
+        ep.counts["tool_calls"] += step.call is not None
+        ep.counts["tool_errors"] += step.call is not None and step.error is not None
+        ep.counts["tool_timeouts"] += step.call is not None and step.timed_out
+        if step.reward is not None:
+            ep.reward += float(step.reward)
+        ep.turns[-1] = dataclasses.replace(ep.turns[-1], call=step.call, error=failure or step.error,
+                                           observation=observation_text(step.observation), reward=step.reward)
+        if step.done:
+            ep.over = True
+            return
+        if turn >= cfg.max_turns or ep.model_tokens >= max_new_tokens:
+            ep.over = ep.truncated = True
+            return
+        try:
+            obs = self.encoder.encode(step.observation, ep.ids[-1] if ep.ids else None)
+        except ValueError as err:
+            ep.counts["env_errors"] += 1
+            ep.turns[-1] = dataclasses.replace(ep.turns[-1], error=str(err))
+            obs = self.encoder.encode(error_observation(str(err)), None)
+        obs = obs[: cfg.max_observation_tokens]
+        if cfg.max_total_tokens and len(ep.ids) + len(obs) >= cfg.max_total_tokens:
+            ep.over = ep.truncated = True
+            return
+        ep.ids += obs
+        ep.mask += [0] * len(obs)
+        if ep.logprobs is not None:
+            ep.logprobs += [0.0] * len(obs)
+
+    def _rollouts(self, episodes: list[Episode], prompts: int, n: int, version: int,
+                  seconds: float) -> Rollouts:
+        def count(name: str) -> torch.Tensor:
+            return torch.tensor([ep.counts[name] for ep in episodes], dtype=torch.long)
+
+        logprobs = None
+        if all(ep.logprobs is not None for ep in episodes):
+            logprobs = [torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes]
+        return Rollouts(
+            prompt_ids=[ep.prompt for ep in episodes],
+            completion_ids=[ep.ids for ep in episodes],
+            texts=[ep.turns[-1].model for ep in episodes],
+            group=torch.arange(prompts).repeat_interleave(n),
+            truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
+            examples=[ep.example for ep in episodes],
+            sampler_logprobs=logprobs,
+            policy_version=version,
+            token_mask=[ep.mask for ep in episodes],
+            turns=[ep.turns for ep in episodes],
+            num_turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
+            tool_calls=count("tool_calls"), tool_errors=count("tool_errors"),
+            tool_timeouts=count("tool_timeouts"), env_errors=count("env_errors"),
+            env_timeouts=count("env_timeouts"),
+            env_reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+            environment=self.env.name if self.env is not None else "",
+            env_seconds=seconds,
+        )
+
+
+def _step_call(ep: Episode):
+    text = ep.turns[-1].model
+
+    def call() -> Any:
+        return ep.env.step(text)
+    return call

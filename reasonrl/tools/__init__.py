@@ -1,0 +1,18 @@
+"""Tools a model can call during an episode, and the sandbox that runs model-written code.
+
+- `sandbox.py`: `run_python` runs code in a separate process under limits, in bubblewrap's
+  namespaces where they work here and with resource limits otherwise (`sandbox_plan` says
+  which, and why); `Limits` and the `Observation` a call returns.
+- `base.py`: `call_tool(name, arguments, limits, stats)`, the one way to call a tool (never
+  raises), and `ToolStats`, the counts behind the `env/tool_*` metrics.
+- `calculator.py`, `python_tool.py`: the tools, registered in `reasonrl.registry.TOOLS`.
+
+The tools know nothing of models or tokenizers: environments (above them) turn a model's
+turn into a call and the observation into the next turn.
+"""
+
+from reasonrl.tools.base import ToolArgumentError, ToolStats, call_tool, text_argument
+from reasonrl.tools.sandbox import SANDBOX_MODES, Limits, Observation, SandboxPlan, run_python, sandbox_plan
+
+__all__ = ["SANDBOX_MODES", "Limits", "Observation", "SandboxPlan", "ToolArgumentError", "ToolStats",
+           "call_tool", "run_python", "sandbox_plan", "text_argument"]
