@@ -1,6 +1,7 @@
 # `make train`: bootstrap .venv (first time only) and train the default model.
 # `make test`:  bootstrap .venv and run the test suite.
 # `make bench`: reasonrl vs TRL, same work, one run (docs/performance.md).
+# `make docs`:  build the documentation site into site/ (mkdocs build --strict, as CI does).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv vllm train smoke test bench lint clean
+.PHONY: venv vllm train smoke test bench lint docs docs-serve clean
 
 venv: $(STAMP)
 
@@ -38,6 +39,20 @@ $(VLLM_STAMP): $(STAMP)
 	  $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton; \
 	fi
 	touch $(VLLM_STAMP)
+
+# The documentation site (mkdocs.yml, docs/): --strict turns a broken link, a missing anchor or a
+# page left out of the nav into an error.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 train: venv
 	$(BIN)/reasonrl train configs/default.yaml $(ARGS)

@@ -30,6 +30,7 @@ from reasonrl.errors import ConfigError
 from reasonrl.registry import (
     ADVANTAGES,
     COUNTDOWN_SCORING,
+    DATA_FORMATS,
     DATA_TASKS,
     ENGINES,
     ENVIRONMENTS,
@@ -130,10 +131,17 @@ DATA_FIELDS = ("prompt", "messages", "ground_truth", "data_source", "extra_info"
 
 @dataclass
 class DataConfig:
-    # file: JSONL / JSON / Parquet / a `datasets` save_to_disk folder (jsonl: the same)
+    # file: JSONL / JSON / Parquet / CSV / a `datasets` save_to_disk folder / a Hub dataset id
     task: str = param("arithmetic", choices=DATA_TASKS)
-    train_path: str = ""  # for task=file; several files: comma-separated
+    train_path: str = ""  # for task=file: files or Hub ids (openai/gsm8k), comma-separated for several
+    train_subset: str = ""  # Hub ids: the subset (configuration), e.g. main; "" = the default one
+    train_split: str = "train"  # Hub ids: the split; slicing allowed (train[:80%])
     val_path: str = ""  # for task=file; empty = no held-out eval; comma-separated for several
+    val_subset: str = ""
+    val_split: str = "test"  # e.g. test[:5%]
+    # the records' layout: "" = reasonrl's (prompt, ground_truth, ...); or a known dataset layout
+    # mapped without `data prepare` (gsm8k, math, numina, countdown: reasonrl.data.formats)
+    format: str = param("", choices=DATA_FORMATS, also=("",))
     # record field names when they differ, dotted for nested: {ground_truth: reward_model.ground_truth}
     fields: dict[str, str] = param({}, keys=DATA_FIELDS, noun="field")
     apply_chat_template: bool = True  # false: `prompt` is already templated text
@@ -494,7 +502,8 @@ def _check(value: Any, meta: Any, path: str) -> None:
         allowed = (*meta["also"], *meta["choices"].names())
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{path}: {value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}")
+        listed = ", ".join(a or '""' for a in allowed)
+        raise ConfigError(f"{path}: {value!r} is not allowed{hint}; allowed values: {listed}")
     if "keys" in meta:
         allowed = meta["keys"] if isinstance(meta["keys"], tuple) else meta["keys"].names()
         for key in value:

@@ -23,6 +23,7 @@ import numpy as np
 from reasonrl.batch import Example
 from reasonrl.config import Config
 from reasonrl.data import load_examples, load_files, take_per_source
+from reasonrl.data.readers import is_hub_id
 from reasonrl.errors import ConfigError, DataError
 from reasonrl.registry import DATA_TASKS
 from reasonrl.rewards.countdown import extract_equation
@@ -402,16 +403,18 @@ class EvalSettings:
 
 
 def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[list[Example], str]:
-    """(examples, what they are). `data`: a file (JSONL/JSON/Parquet/`datasets` folder; several
-    comma-separated), a built-in task name (its held-out split, from the config's section for
+    """(examples, what they are). `data`: a file (JSONL/JSON/Parquet/CSV/`datasets` folder) or a
+    Hub dataset id (with `data.val_subset`, `data.val_split`, `data.format`), several
+    comma-separated; a built-in task name (its held-out split, from the config's section for
     that task), or None for the config's own held-out set."""
     seed = cfg.trainer.seed
     if data is None:
         if not DATA_TASKS[cfg.data.task].info["generated"]:  # only the held-out files: no training set needed
             if not cfg.data.val_path:
                 raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
-            examples = load_files(cfg.data.val_path, cfg.data.fields)
-            examples = take_per_source(examples, cfg.data.val_size) if cfg.data.val_size else examples
+            d = cfg.data
+            examples = load_files(d.val_path, d.fields, d.val_subset, d.val_split, d.format)
+            examples = take_per_source(examples, d.val_size) if d.val_size else examples
         else:
             examples = load_examples(cfg.data, seed)[1]
             if not examples:
@@ -422,8 +425,9 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
         d = dataclasses.replace(cfg.data, task=data, val_size=0)
         examples = load_examples(d, seed)[1]
         what = f"{data} held-out split (seed {seed})"
-    elif all(Path(p.strip()).exists() for p in data.split(",") if p.strip()):
-        examples = load_files(data, cfg.data.fields)
+    elif all(Path(p.strip()).exists() or is_hub_id(p.strip()) for p in data.split(",") if p.strip()):
+        d = cfg.data  # a Hub id takes the config's held-out subset, split and format
+        examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format)
         what = data
     else:
         generated = [e.name for e in DATA_TASKS if e.info["generated"]]

@@ -93,6 +93,7 @@ LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.loss")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl")
 ENGINES = Registry("rollout.engine", "reasonrl.rollout.engines")
 DATA_TASKS = Registry("data.task", "reasonrl.data.tasks")
+DATA_FORMATS = Registry("data.format", "reasonrl.data.formats")
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
     "numeric", "gsm8k", "math_equiv", "countdown", "piecewise")))
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components")

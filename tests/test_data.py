@@ -472,10 +472,10 @@ def test_prepare_gsm8k_fixture():
 
 
 @pytest.mark.parametrize("line, needle", [
-    ('{"question": "q"}', "field 'answer'"),
+    ('{"question": "q"}', "missing field 'answer'; the record has question"),
     ('{"question": "q", "answer": "no marker"}', "field 'answer' must end in '#### <number>'"),
     ('{"question": "q", "answer": "#### many"}', "field 'answer'"),
-    ('{"answer": "#### 1"}', "field 'question'"),
+    ('{"answer": "#### 1"}', "missing field 'question'; the record has answer"),
 ])
 def test_prepare_gsm8k_errors(tmp_path, line, needle):
     from reasonrl.data.prepare import prepare_gsm8k
@@ -528,7 +528,8 @@ def test_prepare_writes_files_the_loader_reads(tmp_path, suffix):
 def test_prepare_countdown_converts_tinyzero_records(tmp_path, name):
     """TinyZero's layout ({"target", "nums"}) -> its question, ground truth {"numbers", "target"},
     data_source countdown; --skip / --limit take TinyZero's train/test windows."""
-    from reasonrl.data.prepare import TINYZERO_COUNTDOWN, prepare
+    from reasonrl.data.formats import TINYZERO_COUNTDOWN
+    from reasonrl.data.prepare import prepare
 
     src = FIXTURES / "recipes" / name
     lines = (FIXTURES / "recipes" / "countdown_3to4.jsonl").read_text().splitlines()
@@ -545,7 +546,7 @@ def test_prepare_countdown_converts_tinyzero_records(tmp_path, name):
 
 
 @pytest.mark.parametrize("line, needle", [
-    ('{"nums": [1, 2]}', "field 'target' must be an integer"),
+    ('{"nums": [1, 2]}', "missing field 'target'; the record has nums"),
     ('{"target": "24", "nums": [1, 2]}', "field 'target' must be an integer"),
     ('{"target": 24, "nums": []}', "field 'nums' must be a non-empty list of integers"),
     ('{"target": 24, "nums": [1, 2.5]}', "field 'nums' must be a non-empty list of integers"),
@@ -560,7 +561,8 @@ def test_prepare_countdown_errors_name_file_line_and_field(tmp_path, line, needl
 
 
 def test_prepare_r1_zero_template_writes_reasonrl_prompts():
-    from reasonrl.data.prepare import R1_ZERO_TEMPLATE, prepare_gsm8k
+    from reasonrl.data.formats import R1_ZERO_TEMPLATE
+    from reasonrl.data.prepare import prepare_gsm8k
 
     (record,) = prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl", limit=1, template="r1_zero")
     question = record["extra_info"]["question"]

@@ -88,3 +88,105 @@ def test_the_vllm_engine_serves_a_model_loaded_by_hub_id(hub, tmp_path):
         f"model.path={REPO_ID}", "rollout.engine=vllm", "trainer.steps=1", f"trainer.output_dir={tmp_path}",
         "trainer.run_name=v", "trainer.progress=false", "tracking.report=false"])
     assert train(cfg).run_dir == tmp_path / "v"
+
+
+# ---- data by Hub id, offline --------------------------------------------------------------------
+
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k"
+
+
+def cache_dataset(cache: Path, repo_id: str, subset: str, splits: dict[str, Path]) -> None:
+    """Write what an online `load_dataset(repo_id, subset)` leaves in the datasets cache
+    (`<org>___<name>/<subset>/0.0.0/<hash>/`), with `datasets`' own builder (JSON files in)."""
+    from datasets.packaged_modules.json.json import Json
+
+    builder = Json(cache_dir=str(cache), dataset_name=repo_id.split("/")[-1], config_name=subset,
+                   config_id=subset, hash="0" * 16, data_files={k: str(v) for k, v in splits.items()})
+    builder.repo_id = repo_id  # after the data files check: the cache folder is named for the Hub repo
+    builder._cache_dir = builder._build_cache_dir()
+    builder.download_and_prepare()
+
+
+@pytest.fixture
+def hub_data(tmp_path, monkeypatch) -> Path:
+    import datasets
+
+    cache = tmp_path / "datasets-cache"
+    splits = {"train": GSM8K / "train.jsonl", "test": GSM8K / "test.jsonl"}
+    cache_dataset(cache, "openai/gsm8k", "main", splits)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_a_hub_dataset_loads_by_id_with_its_subset_split_and_format(hub_data):
+    from reasonrl.data import load_file
+
+    train = load_file("openai/gsm8k", subset="main", split="train", fmt="gsm8k")
+    lines = (GSM8K / "train.jsonl").read_text().splitlines()
+    assert len(train) == len(lines) and train[0].data_source == "gsm8k" and train[0].ground_truth == "72"
+    assert train[0].meta["origin"] == "openai/gsm8k[main/train]:1"
+    part = load_file("openai/gsm8k", subset="main", split="test[:50%]", fmt="gsm8k")
+    assert len(part) == len((GSM8K / "test.jsonl").read_text().splitlines()) // 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(subset="main", split="validation"),
+     r"openai/gsm8k\[main/validation\]: Unknown split \"validation\". Should be one of \['train', 'test'\]"),
+    (dict(subset="socratic", split="train"), r"openai/gsm8k\[socratic/train\]: .*socratic"),
+    (dict(subset="main", split="train", fmt="math"),
+     r"openai/gsm8k\[main/train\]:1: missing field 'problem'; the record has answer, question"),
+    (dict(subset="main", split="train", fmt=""), r"openai/gsm8k\[main/train\]:1: missing field 'prompt'"),
+])
+def test_a_missing_split_subset_or_field_names_it(hub_data, kwargs, message):
+    from reasonrl.data import load_file
+    from reasonrl.errors import DataError
+
+    with pytest.raises(DataError, match=message):
+        load_file("openai/gsm8k", **kwargs)
+
+
+def test_an_uncached_dataset_offline_names_the_id(hub_data, monkeypatch):
+    from reasonrl.data import load_file
+    from reasonrl.errors import DataError
+
+    with pytest.raises(DataError, match=r"openai/gsmk8\[train\]: not in the datasets cache .* load it once "):
+        load_file("openai/gsmk8")
+
+
+def test_the_issue_command_trains_offline_from_hub_caches(hub, hub_data, tmp_path, monkeypatch):
+    """`reasonrl train configs/gsm8k.yaml model.path=Qwen/Qwen2.5-0.5B-Instruct
+    data.train_path=openai/gsm8k data.train_subset=main` with both caches (the model's made from
+    the tiny model, the dataset's from the repo's GSM8K fixture)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    source = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=REPO_ID, repo_type="model")
+    qwen = repo_folder_name(repo_id="Qwen/Qwen2.5-0.5B-Instruct", repo_type="model")
+    target = Path(constants.HF_HUB_CACHE) / qwen
+    import shutil
+
+    shutil.copytree(source, target)
+    assert main(["train", str(REPO / "configs" / "gsm8k.yaml"), "model.path=Qwen/Qwen2.5-0.5B-Instruct",
+                 "data.train_path=openai/gsm8k", "data.train_subset=main", "trainer.steps=1", "rollout.n=2",
+                 "trainer.batch_size=4", "rollout.max_new_tokens=8", "data.val_size=2",
+                 f"trainer.output_dir={tmp_path}", "trainer.run_name=qwen", "trainer.progress=false",
+                 "tracking.report=false"]) == 0
+    config = (tmp_path / "qwen" / "config.yaml").read_text()
+    assert "path: Qwen/Qwen2.5-0.5B-Instruct" in config and "train_path: openai/gsm8k" in config
+
+
+def test_a_csv_file_reads_through_datasets_and_names_its_rows(tmp_path):
+    from reasonrl.data import load_file
+
+    (tmp_path / "t.csv").write_text("prompt,ground_truth\nWhat is 2 + 2?,4\nWhat is 3 + 3?,6\n")
+    rows = load_file(tmp_path / "t.csv")
+    assert [(e.prompt, e.ground_truth) for e in rows] == [("What is 2 + 2?", "4"), ("What is 3 + 3?", "6")]
+    assert rows[1].meta["origin"] == f"{tmp_path / 't.csv'}:2"
+
+
+def test_eval_reads_a_hub_dataset_with_the_configs_held_out_subset_and_split(hub_data, capsys):
+    assert main(["eval", "--config", str(REPO / "configs" / "gsm8k.yaml"), "--model", "tiny",
+                 "--data", "openai/gsm8k", "--greedy", "--no-entropy", "--no-progress", "--limit", "2",
+                 "--max-new-tokens", "4"]) == 0
+    assert "on openai/gsm8k: 2 prompts" in capsys.readouterr().out

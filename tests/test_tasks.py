@@ -128,7 +128,7 @@ def prepared(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("config", ["gsm8k", "math", "countdown", "piecewise"])
 def test_every_task_config_trains_two_steps(tmp_path, prepared, config):
     files = {"gsm8k": [f"data.train_path={prepared / 'gsm8k_train.jsonl'}",
-                       f"data.val_path={prepared / 'gsm8k_test.parquet'}"],
+                       f"data.val_path={prepared / 'gsm8k_test.parquet'}", "data.format="],
              "math": [f"data.train_path={prepared / 'math.jsonl'}",
                       f"data.val_path={prepared / 'math.jsonl'}"],
              "countdown": ["data.countdown.train_size=50", "data.countdown.val_size=4"],
@@ -145,7 +145,7 @@ def test_every_task_config_trains_two_steps(tmp_path, prepared, config):
 
 def test_mixed_validation_sources_are_reported_separately(tmp_path, prepared):
     cfg = load_config("configs/gsm8k.yaml", [
-        *TINY, "reward.task=auto", f"data.train_path={prepared / 'gsm8k_train.jsonl'}",
+        *TINY, "reward.task=auto", "data.format=", f"data.train_path={prepared / 'gsm8k_train.jsonl'}",
         f"data.val_path={prepared / 'gsm8k_test.parquet'},{prepared / 'math.jsonl'}", "data.val_size=6",
         f"trainer.output_dir={tmp_path}"])
     trainer = Trainer(cfg)
@@ -157,7 +157,8 @@ def test_mixed_validation_sources_are_reported_separately(tmp_path, prepared):
 
 
 def test_missing_prepared_file_says_how_to_make_it(tmp_path, capsys):
-    assert main(["train", "configs/gsm8k.yaml", *TINY, f"data.train_path={tmp_path}/none.jsonl"]) == 2
+    assert main(["train", "configs/gsm8k.yaml", *TINY, f"data.train_path={tmp_path}/none.jsonl",
+                 "data.val_path="]) == 2
     assert "reasonrl data prepare" in capsys.readouterr().err
 
 

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 from reasonrl.batch import Example
-from reasonrl.data.readers import iter_records
+from reasonrl.data import formats  # noqa: F401  (fills DATA_FORMATS)
+from reasonrl.data.readers import is_hub_id, iter_records
 from reasonrl.errors import DataError
+from reasonrl.registry import DATA_FORMATS
 
 
 def _get(record: dict, dotted: str) -> tuple[bool, object]:
@@ -22,21 +24,27 @@ def _get(record: dict, dotted: str) -> tuple[bool, object]:
     return True, node
 
 
-def load_file(path: str | Path, data_source: str | None = None,
-              fields: dict[str, str] | None = None) -> list[Example]:
-    """Read one `Example` per record of a JSONL / JSON / Parquet file or `datasets` folder.
+def load_file(path: str | Path, data_source: str | None = None, fields: dict[str, str] | None = None,
+              subset: str = "", split: str = "train", fmt: str = "") -> list[Example]:
+    """Read one `Example` per record of a JSONL / JSON / Parquet / CSV file, a `datasets` folder,
+    or a Hub dataset (`subset`, `split`; `reasonrl.data.readers`).
 
     A record has `prompt` (a string, or a list of {"role", "content"} messages as in verl's
     Parquet files) or `messages` (a list of messages), `ground_truth` (string, number, or an
     object, kept as JSON text; verl's `reward_model.ground_truth` is found too), and optional
-    `data_source` (default: `data_source` or the file's stem) and `extra_info` (or `meta`).
-    `fields` renames them: {"prompt": "question", "ground_truth": "reward_model.ground_truth"}.
-    Anything malformed raises `DataError` naming file:line and the field, before training.
+    `data_source` (default: `data_source` or the file's stem / the dataset's id) and
+    `extra_info` (or `meta`). `fields` renames them: {"prompt": "question", "ground_truth":
+    "reward_model.ground_truth"}. `fmt` maps a known layout first (`data.format`: gsm8k, math,
+    numina, countdown; `reasonrl.data.formats`). Anything malformed raises `DataError` naming the
+    record (file:line, dataset:row), the field, and the fields the record has.
     """
-    path = Path(path)
-    source = data_source or path.stem
-    examples = [_record_to_example(record, where, source, fields or {})
-                for where, record in iter_records(path)]
+    source = data_source or (str(path) if is_hub_id(str(path)) else Path(path).stem)
+    convert = DATA_FORMATS.get(fmt) if fmt else None
+    examples = []
+    for index, (where, record) in enumerate(iter_records(str(path), subset, split)):
+        if convert is not None:
+            record = convert(record, where, index)
+        examples.append(_record_to_example(record, where, source, fields or {}))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples
@@ -47,12 +55,13 @@ def load_jsonl(path: str | Path, data_source: str | None = None) -> list[Example
     return load_file(path, data_source)
 
 
-def load_files(paths: str, fields: dict[str, str] | None = None) -> list[Example]:
+def load_files(paths: str, fields: dict[str, str] | None = None, subset: str = "", split: str = "train",
+               fmt: str = "") -> list[Example]:
     """`load_file` over a comma-separated list of paths, concatenated in order."""
     examples = []
     for path in (p.strip() for p in paths.split(",")):
         if path:
-            examples += load_file(path, fields=fields)
+            examples += load_file(path, fields=fields, subset=subset, split=split, fmt=fmt)
     return examples
 
 

@@ -19,44 +19,20 @@ Countdown, ...) is an error, not silently ignored.
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from pathlib import Path
 
 from reasonrl.config import CountdownConfig
+from reasonrl.data.formats import (
+    GSM8K_INSTRUCTION,
+    MATH_INSTRUCTION,
+    TEMPLATES,
+    countdown_record,
+    gsm8k_record,
+    math_record,
+)
 from reasonrl.data.readers import iter_records, write_records
 from reasonrl.errors import ConfigError, DataError
-from reasonrl.rewards.extract import extract_boxed
-from reasonrl.rewards.numeric import parse_number
-
-GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
-_HASHES_RE = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
-
-
-def _text(record: dict, key: str, where: str) -> str:
-    value = record.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: field '{key}' must be a non-empty string")
-    return value
-
-
-# ReasonRL's R1-Zero prompt (SdeeRK/reasonRL, data/r1_zero_prompt.txt, as in its data files):
-# already templated text that opens the <think> block, for data.apply_chat_template=false.
-R1_ZERO_TEMPLATE = ("A conversation between User and Assistant. The User asks a question, and the Assistant "
-                    "solves it. The Assistant first thinks about the reasoning process in the mind and then "
-                    "provides the User with the answer. The reasoning process is enclosed within <think> "
-                    "</think> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
-                    "<think> reasoning process here </think> <answer> answer here </answer>.\nUser: "
-                    "{question}\nAssistant: <think>")
-TEMPLATES = ("", "r1_zero")  # --template: "" = the question and the instruction (chat template at run time)
-
-
-def _prompt(question: str, instruction: str, template: str = "") -> str:
-    if template == "r1_zero":
-        return R1_ZERO_TEMPLATE.format(question=question.strip())
-    return f"{question.strip()}\n{instruction}" if instruction else question.strip()
 
 
 def _window(path: str | Path, skip: int = 0, limit: int = 0):
@@ -73,41 +49,15 @@ def _window(path: str | Path, skip: int = 0, limit: int = 0):
 def prepare_gsm8k(path: str | Path, instruction: str = GSM8K_INSTRUCTION, limit: int = 0, skip: int = 0,
                   template: str = "") -> list[dict]:
     """GSM8K's official `{"question", "answer"}` records -> training records."""
-    records = []
-    for index, where, raw in _window(path, skip, limit):
-        if not isinstance(raw, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        question, answer = _text(raw, "question", where), _text(raw, "answer", where)
-        m = _HASHES_RE.search(answer)
-        truth = m.group(1).replace(",", "").strip() if m else ""
-        if parse_number(truth) is None:
-            raise DataError(f"{where}: field 'answer' must end in '#### <number>', got ...{answer[-40:]!r}")
-        records.append({"prompt": _prompt(question, instruction, template), "ground_truth": truth,
-                        "data_source": "gsm8k",
-                        "extra_info": {"index": index, "question": question, "solution": answer}})
-    return records
+    return [gsm8k_record(raw, where, index, instruction, template)
+            for index, where, raw in _window(path, skip, limit)]
 
 
 def prepare_math(path: str | Path, instruction: str = MATH_INSTRUCTION, limit: int = 0, skip: int = 0,
                  template: str = "") -> list[dict]:
     """MATH-style `{"problem", "solution", "answer"?}` records -> training records."""
-    records = []
-    for index, where, raw in _window(path, skip, limit):
-        if not isinstance(raw, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        problem, solution = _text(raw, "problem", where), _text(raw, "solution", where)
-        answer = raw.get("answer")
-        if answer is not None and not (isinstance(answer, (str, int, float)) and str(answer).strip()):
-            raise DataError(f"{where}: field 'answer' must be a non-empty string or number")
-        truth = str(answer).strip() if answer is not None else extract_boxed(solution)
-        if not truth:
-            raise DataError(f"{where}: field 'solution' has no \\boxed{{}} answer "
-                            "and there is no 'answer' field")
-        extra = {"index": index, "problem": problem, "solution": solution}
-        extra.update({k: raw[k] for k in ("level", "type", "subject", "unique_id") if k in raw})
-        records.append({"prompt": _prompt(problem, instruction, template), "ground_truth": truth,
-                        "data_source": "math", "extra_info": extra})
-    return records
+    return [math_record(raw, where, index, instruction, template)
+            for index, where, raw in _window(path, skip, limit)]
 
 
 def _example_record(example) -> dict:
@@ -125,38 +75,11 @@ def prepare_countdown(size: int, seed: int = 0, cfg: CountdownConfig | None = No
     return [_example_record(countdown_example(*countdown_instance(rng, cfg))) for _ in range(size)]
 
 
-# TinyZero's question (Jiayi-Pan/TinyZero, examples/data_preprocess/countdown.py, `make_prefix`),
-# without its base-model conversation frame: reasonrl applies the model's chat template.
-TINYZERO_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. You can use "
-                      "basic arithmetic operations (+, -, *, /) and each number can only be used once. Show "
-                      "your work in <think> </think> tags. And return the final answer in <answer> </answer> "
-                      "tags, for example <answer> (1 + 2) / 3 </answer>.")
-
-
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def convert_countdown(path: str | Path, limit: int = 0, skip: int = 0) -> list[dict]:
     """TinyZero's Countdown-Tasks-3to4 records (`{"target": 98, "nums": [44, 19, 35]}`, JSONL or
-    Parquet) -> training records with TinyZero's question, ground truth
-    `{"numbers": nums, "target": target}` and data_source "countdown" (as TinyZero's converter
-    writes them for verl). `skip` / `limit` take TinyZero's splits: train = the first 327680,
-    test = the 1024 after them."""
-    records = []
-    for index, where, raw in _window(path, skip, limit):
-        if not isinstance(raw, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        target, nums = raw.get("target"), raw.get("nums")
-        if not _int(target):
-            raise DataError(f"{where}: field 'target' must be an integer, got {target!r}")
-        if not isinstance(nums, list) or not nums or not all(_int(n) for n in nums):
-            raise DataError(f"{where}: field 'nums' must be a non-empty list of integers, got {nums!r}")
-        truth = json.dumps({"numbers": nums, "target": target}, sort_keys=True)
-        prompt = TINYZERO_COUNTDOWN.format(numbers=nums, target=target)
-        records.append({"prompt": prompt, "ground_truth": truth, "data_source": "countdown",
-                        "extra_info": {"index": index, "numbers": nums, "target": target}})
-    return records
+    Parquet) -> training records (`countdown_record`). `skip` / `limit` take TinyZero's splits:
+    train = the first 327680, test = the 1024 after them."""
+    return [countdown_record(raw, where, index) for index, where, raw in _window(path, skip, limit)]
 
 
 def prepare_piecewise(size: int, seed: int = 0) -> list[dict]:

@@ -1,20 +1,23 @@
-"""Raw records from data files, each with where it came from (`file:line` or `file:row`).
+"""Raw records from data files and Hub datasets, each with where it came from (`file:line`,
+`file:row`, `org/name[subset/split]:row`).
 
-Formats, chosen by the path:
-- `*.jsonl` (or anything else that is a file): one JSON object per line, blank lines skipped;
-- `*.json`: one JSON array of objects (or a single object);
-- `*.parquet`: a Parquet table (pyarrow), one record per row;
-- a folder written by `datasets.Dataset.save_to_disk` (state.json + Arrow files), read with
-  pyarrow alone: the `datasets` package is not needed;
-- any other folder: every `*.json` file below it, in sorted order (the official MATH layout,
-  `train/algebra/1.json`, one problem per file).
-
-Parquet and Arrow rows are numbered from 1 like lines, so `data.parquet:12` is the 12th row.
+Sources, chosen by the path:
+- a Hugging Face dataset id (`openai/gsm8k`, not an existing path), with a subset and a split
+  (`test[:5%]` slicing allowed): through `datasets.load_dataset`, whose cache, `HF_HOME`,
+  `HF_HUB_OFFLINE` and token handling are used as they are;
+- `*.parquet`, `*.csv`, and a folder written by `datasets`' `save_to_disk`: through `datasets`
+  too (`load_dataset("parquet" | "csv", ...)`, `load_from_disk`); rows numbered from 1;
+- `*.jsonl` (and any other file): one JSON object per line, read here, because this reader is
+  what names the line of a malformed record (`file:line`) — `datasets` reports neither;
+- `*.json` (an array of objects, or one object) and any other folder (every `*.json` below it,
+  sorted: the official MATH layout, one problem per file): read here for the same reason, and
+  because `datasets` would build one dataset per file for a folder of 7,500 one-problem files.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,44 +57,82 @@ def _json(path: Path) -> Iterator[tuple[str, object]]:
         yield f"{path}:1", data
 
 
-def _table_rows(table, path: Path) -> Iterator[tuple[str, object]]:
-    for i, record in enumerate(table.to_pylist(), start=1):
-        yield f"{path}:{i}", record
+def _rows(dataset, origin: str) -> Iterator[tuple[str, object]]:
+    for i, record in enumerate(dataset, start=1):
+        yield f"{origin}:{i}", record
 
 
-def _parquet(path: Path) -> Iterator[tuple[str, object]]:
-    pa = _pyarrow()
+def _datasets():
     try:
-        table = pa.parquet.read_table(path)
-    except (pa.ArrowException, OSError) as err:
-        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
-    yield from _table_rows(table, path)
+        import datasets
+    except ImportError:  # pragma: no cover - a dependency
+        raise DataError("reading Parquet, CSV, Arrow and Hub data needs `datasets`: "
+                        "pip install datasets") from None
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    return datasets
+
+
+KINDS = {"parquet": "Parquet", "csv": "CSV"}
+
+
+def _local_table(path: Path, kind: str) -> Iterator[tuple[str, object]]:
+    """A Parquet / CSV file through `datasets` (one split, "train")."""
+    datasets = _datasets()
+    try:
+        dataset = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as err:  # datasets raises many kinds for a file it cannot read
+        raise DataError(f"{path}: not a readable {KINDS[kind]} file ({type(err).__name__}: {err})") from None
+    yield from _rows(dataset, str(path))
 
 
 def _saved_dataset(folder: Path) -> Iterator[tuple[str, object]]:
-    """A `save_to_disk` folder: state.json names the Arrow (IPC stream) files, in order."""
-    pa = _pyarrow()
-    import pyarrow.ipc
-
+    """A `save_to_disk` folder (one split)."""
+    datasets = _datasets()
     try:
-        state = json.loads((folder / "state.json").read_text())
-        files = [folder / f["filename"] for f in state["_data_files"]]
-    except (ValueError, KeyError, TypeError) as err:
-        raise DataError(f"{folder}/state.json: not a datasets save_to_disk state ({err})") from None
-    row = 0
-    for file in files:
-        try:
-            with pa.memory_map(str(file)) as source:
-                table = pyarrow.ipc.open_stream(source).read_all()
-        except (pa.ArrowException, OSError) as err:
-            raise DataError(f"{file}: not a readable Arrow stream ({err})") from None
-        for record in table.to_pylist():
-            row += 1
-            yield f"{folder}:{row}", record
+        dataset = datasets.load_from_disk(str(folder))
+    except Exception as err:
+        raise DataError(f"{folder}: not a readable datasets save_to_disk folder ({err})") from None
+    yield from _rows(dataset, str(folder))
 
 
-def iter_records(path: str | Path) -> Iterator[tuple[str, object]]:
-    """(where, record) for every record of `path`; DataError if it cannot be read."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".txt")
+
+
+def is_hub_id(path: str) -> bool:
+    """A name that is not an existing path and reads like a Hub dataset id (`org/name`)."""
+    return (not Path(path).exists() and bool(HUB_ID.match(path))
+            and not path.lower().endswith(LOCAL_SUFFIXES))
+
+
+def hub_records(repo_id: str, subset: str = "", split: str = "train") -> Iterator[tuple[str, object]]:
+    """The records of a Hub dataset's `subset` and `split` (slicing such as `test[:5%]` allowed)
+    through `datasets.load_dataset`; a missing dataset, subset or split is a DataError naming it
+    (and, where `datasets` says, what exists)."""
+    datasets = _datasets()
+    origin = f"{repo_id}[{subset + '/' if subset else ''}{split}]"
+    try:
+        dataset = datasets.load_dataset(repo_id, subset or None, split=split)
+    except ConnectionError as err:  # offline and not in the cache
+        raise DataError(f"{origin}: not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and the "
+                        f"Hub cannot be reached ({err}); load it once online with the same HF_HOME, or "
+                        "give a local file") from None
+    except datasets.exceptions.DatasetNotFoundError as err:
+        raise DataError(f"{origin}: no such dataset on the Hugging Face Hub ({err})") from None
+    except ValueError as err:  # an unknown split or subset: datasets lists the ones that exist
+        raise DataError(f"{origin}: {err}") from None
+    if isinstance(dataset, dict):  # a DatasetDict: the split name was not one split
+        raise DataError(f"{origin}: give one split (data.*_split), e.g. {', '.join(dataset)}")
+    yield from _rows(dataset, origin)
+
+
+def iter_records(path: str | Path, subset: str = "", split: str = "train") -> Iterator[tuple[str, object]]:
+    """(where, record) for every record of `path` (a file, a folder, or a Hub dataset id with
+    `subset` and `split`); DataError if it cannot be read."""
+    if isinstance(path, str) and is_hub_id(path):
+        yield from hub_records(path, subset, split)
+        return
     path = Path(path)
     if path.is_dir():
         if (path / "dataset_dict.json").is_file():
@@ -108,9 +149,10 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, object]]:
             yield from _json(file)
         return
     if not path.is_file():
-        raise DataError(f"{path}: data file does not exist (make one with `reasonrl data prepare`)")
-    if path.suffix == ".parquet":
-        yield from _parquet(path)
+        raise DataError(f"{path}: data file does not exist (make one with `reasonrl data prepare`, or "
+                        "give a Hub dataset id like openai/gsm8k)")
+    if path.suffix in (".parquet", ".csv"):
+        yield from _local_table(path, path.suffix[1:])
     elif path.suffix == ".json":
         yield from _json(path)
     else:

@@ -33,9 +33,10 @@ def calculator(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]
 
 @DATA_TASKS.register("file", generated=False)
 def files(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
-    """data.train_path / data.val_path: JSONL, JSON, Parquet or `datasets` folders"""
-    held_out = load_files(cfg.val_path, cfg.fields) if cfg.val_path else []
-    return load_files(cfg.train_path, cfg.fields), held_out
+    """data.train_path / data.val_path: JSONL, JSON, Parquet, CSV, `datasets` folders, Hub ids"""
+    held_out = (load_files(cfg.val_path, cfg.fields, cfg.val_subset, cfg.val_split, cfg.format)
+                if cfg.val_path else [])
+    return load_files(cfg.train_path, cfg.fields, cfg.train_subset, cfg.train_split, cfg.format), held_out
 
 
 DATA_TASKS.register("jsonl", generated=False, doc="the same as file")(files)
