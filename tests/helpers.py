@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig
@@ -10,6 +11,19 @@ from reasonrl.policy.worker import PolicySettings, make_micro_batches
 
 _ALGO = {f.name for f in dataclasses.fields(AlgoConfig)}
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
+
+
+def grouped_rows(seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """Three prompts (5, 8, 11 tokens) with two completions each, lengths 1-9: groups that share a
+    prompt, and padding inside micro-batches."""
+    rng = random.Random(seed)
+    prompt_ids, completion_ids = [], []
+    for i in range(3):
+        p = [rng.randrange(100, 2000) for _ in range(5 + 3 * i)]
+        for _ in range(2):
+            prompt_ids.append(p)
+            completion_ids.append([rng.randrange(100, 2000) for _ in range(rng.randint(1, 9))])
+    return prompt_ids, completion_ids
 
 
 def policy_settings(**values) -> PolicySettings:

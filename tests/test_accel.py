@@ -11,10 +11,10 @@ model's products have n <= 192 terms of size <= ~1, so logits agree to ~1e-5, an
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
+from helpers import grouped_rows
 from torch import nn
 
 from reasonrl.accel import calibrate
@@ -304,20 +304,9 @@ def test_swiglu_functions_gradcheck_and_values():
     assert zero.grad.item() == pytest.approx(1.5)
 
 
-def rows(seed: int = 0):
-    rng = random.Random(seed)
-    prompt_ids, completion_ids = [], []
-    for i in range(3):
-        p = [rng.randrange(100, 2000) for _ in range(5 + 3 * i)]
-        for _ in range(2):
-            prompt_ids.append(p)
-            completion_ids.append([rng.randrange(100, 2000) for _ in range(rng.randint(1, 9))])
-    return prompt_ids, completion_ids
-
-
 def loss_and_grads(model, share_prompt: bool):
     model.zero_grad(set_to_none=True)
-    prompt_ids, completion_ids = rows()
+    prompt_ids, completion_ids = grouped_rows()
     total = 0.0
     for mb in make_micro_batches(prompt_ids, completion_ids, 4, 0, share_prompt=share_prompt):
         logp, _ = completion_logprobs(model, mb)
@@ -377,7 +366,7 @@ def saved_bytes(model, monkeypatch) -> int:
         return kept
 
     monkeypatch.setattr(kernels, "_pack", counting_pack)
-    prompt_ids, completion_ids = rows()
+    prompt_ids, completion_ids = grouped_rows()
     mb = make_micro_batches(prompt_ids, completion_ids, 6, 0, share_prompt=True)[0]
     completion_logprobs(model, mb)
     return sum(seen.values())
@@ -436,7 +425,7 @@ def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
     model, _ = tiny
     worker = PolicyWorker(copy.deepcopy(model), 0, policy_settings(micro_batch_size=2))
-    prompt_ids, completion_ids = rows()  # 6 rows: 3 micro-batches of 2
+    prompt_ids, completion_ids = grouped_rows()  # 6 rows: 3 micro-batches of 2
     worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.randn(6)))
     assert len(calls) == 3
 

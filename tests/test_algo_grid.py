@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -274,15 +272,3 @@ def test_policy_settings_carry_the_config_sections():
     s = PolicySettings.from_config(cfg)
     assert s.algo is cfg.algo and s.optim is cfg.optim  # every algo and optim key, by construction
     assert (s.max_response_length, s.temperature, s.total_steps) == (48, 0.7, 9)
-
-
-def doc_recipes() -> list[list[str]]:
-    text = (REPO_ROOT / "docs" / "algorithms.md").read_text()
-    return [shlex.split(line)[3:] for line in re.findall(r"^reasonrl train configs/\S+ .*$", text, re.M)]
-
-
-def test_docs_recipes_are_valid_configs():
-    recipes = doc_recipes()
-    assert len(recipes) >= 8
-    for overrides in recipes:
-        load_config(REPO_ROOT / "configs" / "default.yaml", overrides)

@@ -92,15 +92,11 @@ def test_ctrl_c_then_resume_is_exact(tmp_path, reference, capsys):
     assert state["step"] == 4 and state["sampler"] == {"epoch": 0, "position": 8}
 
 
-PPO = ["algo.advantage=gae", "rollout.n=1", "critic.warmup_steps=1", "critic.lr=1e-3", "algo.lam=0.95"]
-
-
-def test_ppo_run_stopped_and_resumed_is_exact(tmp_path):
-    """PPO with a critic: 2 steps, stop, resume, 2 more end bitwise where 4 straight steps end:
-    the policy and the critic (weights and optimizer state) and every metric."""
-    Trainer(smoke_cfg(tmp_path, "straight", *PPO)).fit()
-    first = smoke_cfg(tmp_path, "r", *PPO, "trainer.save_every=2", "trainer.keep_last=0")
-    trainer = Trainer(first)
+def stop_resume_and_compare(tmp_path, *overrides: str) -> None:
+    """4 straight steps in runs/straight; in runs/r, SIGINT after step 2 (a checkpoint is
+    saved), then a resume to step 4: the two runs must end bitwise alike (`assert_same_run`)."""
+    Trainer(smoke_cfg(tmp_path, "straight", *overrides)).fit()
+    trainer = Trainer(smoke_cfg(tmp_path, "r", *overrides, "trainer.save_every=2", "trainer.keep_last=0"))
     step = trainer.step
 
     def stop_after_two():
@@ -112,10 +108,19 @@ def test_ppo_run_stopped_and_resumed_is_exact(tmp_path):
     trainer.step = stop_after_two
     with pytest.raises(TrainingInterrupted):
         trainer.fit()
-    assert (tmp_path / "r" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors").is_file()
-    Trainer(smoke_cfg(tmp_path, "r", *PPO, "trainer.resume=auto", "trainer.save_every=2",
+    Trainer(smoke_cfg(tmp_path, "r", *overrides, "trainer.resume=auto", "trainer.save_every=2",
                       "trainer.keep_last=0")).fit()
     assert_same_run(tmp_path / "r", tmp_path / "straight")
+
+
+PPO = ["algo.advantage=gae", "rollout.n=1", "critic.warmup_steps=1", "critic.lr=1e-3", "algo.lam=0.95"]
+
+
+def test_ppo_run_stopped_and_resumed_is_exact(tmp_path):
+    """PPO with a critic: 2 steps, stop, resume, 2 more end bitwise where 4 straight steps end:
+    the policy and the critic (weights and optimizer state) and every metric."""
+    stop_resume_and_compare(tmp_path, *PPO)
+    assert (tmp_path / "r" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors").is_file()
     rows = metrics(tmp_path / "r")
     assert "train/loss" not in rows[1] and "train/loss" in rows[2]  # one warm-up step: critic only
     assert all(r["critic/updates"] == 1 for r in rows[1:])
@@ -134,22 +139,7 @@ def test_multi_turn_run_stopped_and_resumed_is_exact(tmp_path):
     """Multi-turn episodes (model turns, environment observations, per-episode turn seeds):
     2 steps, stop, resume, 2 more end bitwise where 4 straight steps end, samples (with their
     turns) and every metric included."""
-    Trainer(smoke_cfg(tmp_path, "straight", *MULTI_TURN)).fit()
-    trainer = Trainer(smoke_cfg(tmp_path, "r", *MULTI_TURN, "trainer.save_every=2", "trainer.keep_last=0"))
-    step = trainer.step
-
-    def stop_after_two():
-        out = step()
-        if trainer.step_count == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
-    trainer.step = stop_after_two
-    with pytest.raises(TrainingInterrupted):
-        trainer.fit()
-    Trainer(smoke_cfg(tmp_path, "r", *MULTI_TURN, "trainer.resume=auto", "trainer.save_every=2",
-                      "trainer.keep_last=0")).fit()
-    assert_same_run(tmp_path / "r", tmp_path / "straight")
+    stop_resume_and_compare(tmp_path, *MULTI_TURN)
     rows = metrics(tmp_path / "r")
     assert all(r["env/turns_mean"] > 1 and r["env/env_tokens_mean"] > 0 for r in rows[1:])
     samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]

@@ -5,28 +5,15 @@ the backward; nothing changes without gradients (rollouts, the reference model).
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
-from helpers import policy_settings
+from helpers import grouped_rows, policy_settings
 
 from reasonrl.accel.kernels import apply_lean_kernels
 from reasonrl.batch import TrainBatch
 from reasonrl.policy.checkpointing import checkpoint_layers, is_checkpointed
 from reasonrl.policy.worker import PolicyWorker, completion_logprobs, make_micro_batches
-
-
-def rows(seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
-    """Three prompts with two completions each, lengths 1-9 (padding inside micro-batches)."""
-    rng = random.Random(seed)
-    prompt_ids, completion_ids = [], []
-    for i in range(3):
-        p = [rng.randrange(100, 2000) for _ in range(5 + 3 * i)]
-        for _ in range(2):
-            prompt_ids.append(p)
-            completion_ids.append([rng.randrange(100, 2000) for _ in range(rng.randint(1, 9))])
-    return prompt_ids, completion_ids
 
 
 def variant(model, kernels: bool, checkpointing: bool):
@@ -41,7 +28,7 @@ def variant(model, kernels: bool, checkpointing: bool):
 
 def loss_and_grads(model) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    prompt_ids, completion_ids = rows()
+    prompt_ids, completion_ids = grouped_rows()
     total = 0.0
     for mb in make_micro_batches(prompt_ids, completion_ids, 4, 0):
         logp, _ = completion_logprobs(model, mb)
@@ -88,7 +75,7 @@ def saved_activation_bytes(model) -> int:
             total += t.numel() * t.element_size()
         return t
 
-    prompt_ids, completion_ids = rows()
+    prompt_ids, completion_ids = grouped_rows()
     mb = make_micro_batches(prompt_ids, completion_ids, 6, 0)[0]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         hidden = model.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
@@ -133,7 +120,7 @@ def updated_weights(tiny, **settings) -> tuple[dict[str, float], dict[str, torch
     model, tokenizer = tiny
     worker = PolicyWorker(copy.deepcopy(model), tokenizer.pad_token_id,
                           policy_settings(lr=1e-2, micro_batch_size=4, beta=0.1, **settings))
-    prompt_ids, completion_ids = rows(1)
+    prompt_ids, completion_ids = grouped_rows(1)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
     metrics = worker.train_step(TrainBatch(prompt_ids, completion_ids, advantages))
     return metrics, {n: p.detach().clone() for n, p in worker.model.named_parameters()}, worker
