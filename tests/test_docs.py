@@ -1,9 +1,9 @@
-"""The README's and the docs' commands are ones that run: every `reasonrl ...` line (and every
-`make train ARGS="..."`) in a shell code block parses with the CLI's own parser, and for
-`train`, `eval` and `probe` its config and overrides resolve as `--print-config` resolves them
-(every key known, every value allowed, every config file present). A command in a `text`
-block is an illustration and is not checked. The site itself is checked by `mkdocs build
---strict` in CI (`make docs`): links, anchors and the nav."""
+"""The README's, the docs' and the configs' commands are ones that run: every `reasonrl ...`
+line (and every `make train ARGS="..."`) in a shell code block or a config's header parses
+with the CLI's own parser, and for `train`, `eval` and `probe` its config and overrides
+resolve as `--print-config` resolves them (every key known, every value allowed, every config
+file present). A command in a `text` block is an illustration and is not checked. The site
+itself is checked by `mkdocs build --strict` in CI (`make docs`): links, anchors and the nav."""
 
 from __future__ import annotations
 
@@ -24,19 +24,34 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$")
 
 
-def doc_commands(path: Path) -> list[tuple[str, str]]:
-    """(file:line, command) for each `reasonrl` / `make train ARGS=` command in a shell block,
-    continuation lines joined, `$ ` prompts dropped and the block's `NAME="..."` variables
-    expanded."""
-    found, lang, pending, start, names = [], None, "", 0, {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+def shell_lines(path: Path):
+    """(line number, text) of the shell a reader would copy: in Markdown the lines of shell code
+    blocks (None between blocks: a block's variables end with it), in a YAML config its
+    comment lines (the headers' example commands)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix in (".yaml", ".yml"):
+        for lineno, line in enumerate(lines, start=1):
+            if line.startswith("#"):
+                yield lineno, line.lstrip("#").strip()
+        return
+    lang = None
+    for lineno, line in enumerate(lines, start=1):
         fence = FENCE.match(line.strip())
         if fence:
-            lang, names = (fence.group(1) if lang is None else None), {}
+            lang = fence.group(1) if lang is None else None
+            yield lineno, None
+        elif lang in SHELL:
+            yield lineno, line.strip().removeprefix("$ ")
+
+
+def doc_commands(path: Path) -> list[tuple[str, str]]:
+    """(file:line, command) for each `reasonrl` / `make train ARGS=` command of `shell_lines`,
+    continuation lines joined and the block's `NAME="..."` variables expanded."""
+    found, pending, start, names = [], "", 0, {}
+    for lineno, text in shell_lines(path):
+        if text is None:
+            names = {}
             continue
-        if lang is None or lang not in SHELL:
-            continue
-        text = line.strip().removeprefix("$ ")
         if pending:
             pending += " " + text
         elif text.startswith(("reasonrl ", "make train ARGS=")) or text == "reasonrl" or ASSIGN.match(text):
@@ -58,7 +73,8 @@ def doc_commands(path: Path) -> list[tuple[str, str]]:
 
 
 def all_commands() -> list[tuple[str, str]]:
-    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "configs").rglob("*.yaml"))]
     return [c for f in files for c in doc_commands(f)]
 
 
@@ -140,3 +156,12 @@ def test_commands_are_found_in_shell_blocks_only_with_continuations_joined(tmp_p
     assert doc_commands(page) == [("p.md:2", "reasonrl eval --config c.yaml --greedy   # note"),
                                   ("p.md:11", "make train ARGS=\"trainer.steps=2\""),
                                   ("p.md:16", "reasonrl train x.yaml a.b=1 c.d=2 e.f=3")]
+
+
+def test_a_configs_header_commands_are_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text("# Run it:\n#   reasonrl train c.yaml a.b=1 \\\n#     c.d=2   # why\n"
+                      "model:\n  path: reasonrl x\n")
+    assert doc_commands(config) == [("c.yaml:2", "reasonrl train c.yaml a.b=1 c.d=2   # why")]
+    assert any(where.startswith("configs/recipes/") for where, _ in COMMANDS)
