@@ -190,3 +190,52 @@ def test_eval_reads_a_hub_dataset_with_the_configs_held_out_subset_and_split(hub
                  "--data", "openai/gsm8k", "--greedy", "--no-entropy", "--no-progress", "--limit", "2",
                  "--max-new-tokens", "4"]) == 0
     assert "on openai/gsm8k: 2 prompts" in capsys.readouterr().out
+
+
+# ---- typos: named before anything loads --------------------------------------------------------
+
+def _hub_error(cls):
+    """A huggingface_hub HTTP error as the Hub's 404 gives it (no network here)."""
+    from types import SimpleNamespace
+
+    return cls("404 Client Error", response=SimpleNamespace(headers={}, request=None))
+
+
+@pytest.mark.parametrize("error, message", [
+    ("RepositoryNotFoundError", r"model.path=acme/tiny-lama: no such model on the Hugging Face Hub "
+                                r"\(or it is private: log in with `hf auth login`\)"),
+    ("RevisionNotFoundError", r"model.revision=v9: acme/tiny-lama has no such revision"),
+])
+def test_a_typo_in_a_model_id_or_revision_is_named(monkeypatch, error, message):
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    def hub(*args, **kwargs):
+        raise _hub_error(getattr(errors, error))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    with pytest.raises(ModelLoadError, match=message):
+        resolve_model_dir("acme/tiny-lama", revision="v9")
+
+
+def test_a_typo_in_a_dataset_id_stops_the_run_before_the_model_loads(hub_data, monkeypatch, tmp_path, capsys):
+    """The held-out split (the config's openai/gsm8k, cached) loads; the training id has a typo."""
+    import datasets
+
+    import reasonrl.trainer
+
+    load = datasets.load_dataset
+
+    def hub(path, *args, **kwargs):
+        if path != "openai/gsm8kk":
+            return load(path, *args, **kwargs)
+        raise datasets.exceptions.DatasetNotFoundError(
+            "Dataset 'openai/gsm8kk' doesn't exist on the Hub or cannot be accessed.")
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    monkeypatch.setattr(reasonrl.trainer, "build_workers",
+                        lambda cfg: pytest.fail("the workers (and the model) were built before the data"))
+    assert main(["train", str(REPO / "configs" / "gsm8k.yaml"), "data.train_path=openai/gsm8kk",
+                 f"trainer.output_dir={tmp_path}", "trainer.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "openai/gsm8kk[main/train]: no such dataset on the Hugging Face Hub" in err, err
