@@ -203,7 +203,8 @@ def _hub_error(cls):
 
 @pytest.mark.parametrize("error, message", [
     ("RepositoryNotFoundError", r"model.path=acme/tiny-lama: no such model on the Hugging Face Hub "
-                                r"\(or it is private: log in with `hf auth login`\)"),
+                                r"\(or it is private: log in with `hf auth login`\), and no local folder "
+                                r"\S*acme/tiny-lama either"),
     ("RevisionNotFoundError", r"model.revision=v9: acme/tiny-lama has no such revision"),
 ])
 def test_a_typo_in_a_model_id_or_revision_is_named(monkeypatch, error, message):
@@ -239,3 +240,4 @@ def test_a_typo_in_a_dataset_id_stops_the_run_before_the_model_loads(hub_data, m
                  f"trainer.output_dir={tmp_path}", "trainer.progress=false"]) == 2
     err = capsys.readouterr().err
     assert "openai/gsm8kk[main/train]: no such dataset on the Hugging Face Hub" in err, err
+    assert f"and no local file or folder {Path('openai/gsm8kk').resolve()} either" in err, err

@@ -112,14 +112,15 @@ def hub_records(repo_id: str, subset: str = "", split: str = "train") -> Iterato
     (and, where `datasets` says, what exists)."""
     datasets = _datasets()
     origin = f"{repo_id}[{subset + '/' if subset else ''}{split}]"
+    local = f"no local file or folder {Path(repo_id).resolve()} either"
     try:
         dataset = datasets.load_dataset(repo_id, subset or None, split=split)
     except ConnectionError as err:  # offline and not in the cache
         raise DataError(f"{origin}: not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and the "
                         f"Hub cannot be reached ({err}); load it once online with the same HF_HOME, or "
-                        "give a local file") from None
+                        f"give a local file ({local})") from None
     except datasets.exceptions.DatasetNotFoundError as err:
-        raise DataError(f"{origin}: no such dataset on the Hugging Face Hub ({err})") from None
+        raise DataError(f"{origin}: no such dataset on the Hugging Face Hub ({err}), and {local}") from None
     except ValueError as err:  # an unknown split or subset: datasets lists the ones that exist
         raise DataError(f"{origin}: {err}") from None
     if isinstance(dataset, dict):  # a DatasetDict: the split name was not one split

@@ -158,6 +158,7 @@ def resolve_hub_model(repo_id: str, revision: str = "") -> Path:
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     at = f" at revision {revision}" if revision else ""
+    local = f"no local folder {Path(repo_id).expanduser().resolve()} either"
     try:
         return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HUB_FILES,
                                       local_files_only=constants.HF_HUB_OFFLINE))
@@ -166,10 +167,11 @@ def resolve_hub_model(repo_id: str, revision: str = "") -> Path:
         fetch = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
         raise ModelLoadError(f"model.path={repo_id}{at}: not in the Hugging Face cache "
                              f"({constants.HF_HUB_CACHE}) and {offline}; fetch it once with `{fetch}` "
-                             "on a machine with internet (same HF_HOME), or give a local folder") from None
+                             "on a machine with internet (same HF_HOME), or give a local folder "
+                             f"({local})") from None
     except RepositoryNotFoundError:
         raise ModelLoadError(f"model.path={repo_id}: no such model on the Hugging Face Hub (or it is "
-                             "private: log in with `hf auth login`)") from None
+                             f"private: log in with `hf auth login`), and {local}") from None
     except RevisionNotFoundError:
         raise ModelLoadError(f"model.revision={revision}: {repo_id} has no such revision") from None
 
