@@ -241,3 +241,12 @@ def test_a_typo_in_a_dataset_id_stops_the_run_before_the_model_loads(hub_data, m
     err = capsys.readouterr().err
     assert "openai/gsm8kk[main/train]: no such dataset on the Hugging Face Hub" in err, err
     assert f"and no local file or folder {Path('openai/gsm8kk').resolve()} either" in err, err
+
+
+def test_an_empty_split_slice_is_named(hub_data):
+    from reasonrl.data import load_file
+    from reasonrl.errors import DataError
+
+    message = r"openai/gsm8k\[main/test\[:0\]\]: Instruction \"test\[:0\]\" corresponds to no data"
+    with pytest.raises(DataError, match=message):
+        load_file("openai/gsm8k", subset="main", split="test[:0]", fmt="gsm8k")

@@ -46,7 +46,8 @@ def load_file(path: str | Path, data_source: str | None = None, fields: dict[str
             record = convert(record, where, index)
         examples.append(_record_to_example(record, where, source, fields or {}))
     if not examples:
-        raise DataError(f"{path}: no examples (the file is empty)")
+        where = f"{path}[{subset + '/' if subset else ''}{split}]" if is_hub_id(str(path)) else str(path)
+        raise DataError(f"{where}: no examples (the {'split' if where != str(path) else 'file'} is empty)")
     return examples
 
 
