@@ -250,3 +250,16 @@ def test_an_empty_split_slice_is_named(hub_data):
     message = r"openai/gsm8k\[main/test\[:0\]\]: Instruction \"test\[:0\]\" corresponds to no data"
     with pytest.raises(DataError, match=message):
         load_file("openai/gsm8k", subset="main", split="test[:0]", fmt="gsm8k")
+
+
+def test_an_arrow_file_reads_through_datasets(tmp_path):
+    import datasets
+
+    from reasonrl.data import load_file
+
+    records = [{"prompt": f"What is {n} + {n}?", "ground_truth": 2 * n} for n in (2, 3)]
+    datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved")
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    rows = load_file(arrow)
+    assert [(e.prompt, e.ground_truth) for e in rows] == [("What is 2 + 2?", "4"), ("What is 3 + 3?", "6")]
+    assert rows[1].meta["origin"] == f"{arrow}:2"

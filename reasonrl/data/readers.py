@@ -5,8 +5,9 @@ Sources, chosen by the path:
 - a Hugging Face dataset id (`openai/gsm8k`, not an existing path), with a subset and a split
   (`test[:5%]` slicing allowed): through `datasets.load_dataset`, whose cache, `HF_HOME`,
   `HF_HUB_OFFLINE` and token handling are used as they are;
-- `*.parquet`, `*.csv`, and a folder written by `datasets`' `save_to_disk`: through `datasets`
-  too (`load_dataset("parquet" | "csv", ...)`, `load_from_disk`); rows numbered from 1;
+- `*.parquet`, `*.csv`, `*.arrow` and a folder written by `datasets`' `save_to_disk`: through
+  `datasets` too (`load_dataset("parquet" | "csv" | "arrow", ...)`, `load_from_disk`); rows
+  numbered from 1;
 - `*.jsonl` (and any other file): one JSON object per line, read here, because this reader is
   what names the line of a malformed record (`file:line`) — `datasets` reports neither;
 - `*.json` (an array of objects, or one object) and any other folder (every `*.json` below it,
@@ -73,11 +74,11 @@ def _datasets():
     return datasets
 
 
-KINDS = {"parquet": "Parquet", "csv": "CSV"}
+KINDS = {"parquet": "Parquet", "csv": "CSV", "arrow": "Arrow"}
 
 
 def _local_table(path: Path, kind: str) -> Iterator[tuple[str, object]]:
-    """A Parquet / CSV file through `datasets` (one split, "train")."""
+    """A Parquet / CSV / Arrow file through `datasets` (one split, "train")."""
     datasets = _datasets()
     try:
         dataset = datasets.load_dataset(kind, data_files=str(path), split="train")
@@ -152,7 +153,7 @@ def iter_records(path: str | Path, subset: str = "", split: str = "train") -> It
     if not path.is_file():
         raise DataError(f"{path}: data file does not exist (make one with `reasonrl data prepare`, or "
                         "give a Hub dataset id like openai/gsm8k)")
-    if path.suffix in (".parquet", ".csv"):
+    if path.suffix in (".parquet", ".csv", ".arrow"):
         yield from _local_table(path, path.suffix[1:])
     elif path.suffix == ".json":
         yield from _json(path)
