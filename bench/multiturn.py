@@ -1,22 +1,23 @@
-"""What a multi-turn episode's continuation turn costs in the HF engine, and what reusing the
-KV cache between turns (instead of re-prefilling the trajectory) could save.
+"""What a multi-turn episode's continuation turn costs in the HF engine: re-prefilling the
+trajectory, or reusing the KV cache kept from the turn before (`rollout.hf_reuse_kv`).
 
 A continuation turn is one `generate` call over each episode's trajectory so far: the
 decoder is set up (the lean paths copy the weights into their layouts), the trajectory of L
-tokens is prefilled, and T tokens are decoded. Keeping each episode's KV cache across the
-environment step would replace the prefill of L tokens by a prefill of the k new
-(observation) tokens against the cached L - k, and would skip the setup. This measures, on the
-model and decoder a run would use:
+tokens is prefilled, and T tokens are decoded. With KV reuse the engine keeps each row's cache
+when its turn ends (`LeanLlama.rows_cache`) and the next turn prefills only the k new tokens
+(the last sampled token and the observation) against it (`LeanLlama.prefill_cached`). This
+measures, on the model and decoder a run would use:
 
   setup        entering `accel.decoder` (the decoder `rollout.hf_decoder=auto` picks)
-  prefill_L    prefilling B rows of L tokens with it
+  prefill_L    prefilling B rows of L tokens with it (re-prefill)
   decode_T     T decode steps of B rows with it
-  prefill_k    the transformers modules with a DynamicCache: k tokens against a cache of L - k
-  prefill_L_m  the same modules prefilling all L tokens (the modules' own re-prefill)
+  keep         taking the B rows' caches of L - k tokens at the end of the turn before
+  prefill_k    the k new tokens against the kept caches (KV reuse; lean decoders)
+  prefill_k_m  the transformers modules with a DynamicCache: k tokens against a cache of L - k
 
     python bench/multiturn.py [--rows 16] [--length 160] [--new 12] [--turn 24] [--repeats 5]
 
-Prints the medians and the share of a turn that KV reuse could save; note the machine's load.
+Prints the medians and both turns; note the machine's load.
 """
 
 from __future__ import annotations
@@ -74,10 +75,6 @@ def main() -> None:
 
     from transformers import DynamicCache
 
-    def modules_prefill_full() -> None:
-        model(input_ids=ids, attention_mask=mask, use_cache=True,
-              past_key_values=DynamicCache(config=model.config))
-
     cached: dict = {}
 
     def modules_prefix() -> None:
@@ -91,6 +88,26 @@ def main() -> None:
         model(input_ids=ids[:, L - k:], attention_mask=mask, use_cache=True, past_key_values=cache)
         cache.crop(-k)  # back to the prefix for the next repeat
 
+    lean = path in ("lean", "lean_mkl")
+    past: list = []
+    if lean:
+        with accel.decoder(model, L - k, 1, path) as d:  # the turn before: L - k tokens in its cache
+            d.prefill(ids[:, : L - k], mask[:, : L - k])
+            t = time.perf_counter()
+            past = d.rows_cache(torch.arange(B))
+            t_keep = time.perf_counter() - t
+
+    def turn_reuse() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        with accel.decoder(model, L, T, path) as d:
+            t1 = time.perf_counter()
+            logits = d.prefill_cached(past, ids[:, L - k:], mask[:, L - k:])
+            t2 = time.perf_counter()
+            for _ in range(T):
+                logits = d.step(logits.argmax(-1))
+            t3 = time.perf_counter()
+        return t1 - t0, t2 - t1, t3 - t2
+
     turn()  # warm-up (and the decoder's first-use costs)
     parts = [turn() for _ in range(args.repeats)]
     t_setup, t_prefill, t_decode = (statistics.median(p[j] for p in parts) for j in range(3))
@@ -98,17 +115,24 @@ def main() -> None:
     modules_prefix()
     modules_increment()
     t_inc = median_time(modules_increment, args.repeats)
-    t_full_m = median_time(modules_prefill_full, args.repeats)
-    saved = t_setup + t_prefill - t_inc
     print(f"B={B} L={L} k={k} T={T}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
     print(f"  setup        {t_setup * 1e3:8.1f} ms")
     print(f"  prefill_L    {t_prefill * 1e3:8.1f} ms")
     print(f"  decode_T     {t_decode * 1e3:8.1f} ms  ({t_decode / T * 1e3:.1f} ms/step)")
-    print(f"  turn         {t_turn * 1e3:8.1f} ms  (setup + prefill_L + decode_T)")
-    print(f"  prefill_k    {t_inc * 1e3:8.1f} ms  (modules, k tokens on a cache of L - k)")
-    print(f"  prefill_L_m  {t_full_m * 1e3:8.1f} ms  (modules, all L tokens)")
-    print(f"  KV reuse would save at most {saved * 1e3:.1f} ms of a {t_turn * 1e3:.1f} ms turn "
-          f"({saved / t_turn:.0%})")
+    print(f"  turn         {t_turn * 1e3:8.1f} ms  (setup + prefill_L + decode_T: re-prefill)")
+    print(f"  prefill_k_m  {t_inc * 1e3:8.1f} ms  (modules, k tokens on a cache of L - k)")
+    if lean:
+        turn_reuse()
+        reuse = [turn_reuse() for _ in range(args.repeats)]
+        r_setup, r_prefill, r_decode = (statistics.median(p[j] for p in reuse) for j in range(3))
+        r_turn = t_keep + r_setup + r_prefill + r_decode
+        print(f"  keep         {t_keep * 1e3:8.1f} ms  (the rows' caches, at the end of the turn before)")
+        print(f"  prefill_k    {r_prefill * 1e3:8.1f} ms  (k new tokens against the kept caches)")
+        print(f"  decode_T     {r_decode * 1e3:8.1f} ms  (after the cached prefill)")
+        print(f"  turn         {r_turn * 1e3:8.1f} ms  (keep + setup + prefill_k + decode_T: KV reuse), "
+              f"{1 - r_turn / t_turn:.0%} less than re-prefill")
+    else:
+        print(f"  ({path} re-prefills: KV reuse needs a lean decoder)")
 
 
 if __name__ == "__main__":

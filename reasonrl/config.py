@@ -186,6 +186,9 @@ class RolloutConfig:
     # run's shapes (cached per CPU model); lean_mkl / lean = the lean Llama-family forward with /
     # without MKL-packed weights; modules = the transformers modules (any model)
     hf_decoder: Literal["auto", "lean_mkl", "lean", "modules"] = "auto"
+    # hf engine, multi-turn episodes: a turn prefills only the tokens after the previous turn's
+    # KV cache (kept for the episode), instead of the whole trajectory (lean decoders)
+    hf_reuse_kv: bool = True
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 

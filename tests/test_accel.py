@@ -98,6 +98,72 @@ def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch, mkl):
             torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mkl", [pytest.param(True, marks=needs_mkl), False])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_prefill_after_kept_caches_equals_a_full_prefill(tiny, arch, mkl):
+    """KV reuse between turns: rows' caches taken with `rows_cache` after some decode steps,
+    then only their new tokens prefilled (`prefill_cached`; one row has no past at all), give
+    the logits of a full prefill of the whole sequences, and the same next step. The bound is
+    the one of the decoder against the modules above (float32, differently ordered sums)."""
+    model, tokenizer = tiny
+    model = model if arch == "llama" else tiny_qwen2(tokenizer)
+    model.eval()
+    pad = tokenizer.pad_token_id
+    ids, mask = left_padded(PROMPTS, pad)
+    with torch.inference_mode():
+        first = LeanLlama(model, ids.size(1) + 4, mkl=mkl)
+        first.prefill(ids, mask)
+        sampled = [[21, 22, 23], [31, 32, 33], [41, 42, 43]]
+        for t in range(3):
+            first.step(torch.tensor([row[t] for row in sampled]))
+        past = first.rows_cache(torch.tensor([2, 0]))
+        assert [kv.size(3) for kv in past] == [len(PROMPTS[2]) + 3, len(PROMPTS[0]) + 3]
+        past.append(past[0][:, :, :, :0])  # a row with nothing kept: all its tokens are new
+        new = [[51, 52], [61, 62, 63, 64], [71, 72, 73]]
+        whole = [PROMPTS[2] + sampled[2] + new[0], PROMPTS[0] + sampled[0] + new[1], new[2]]
+        suffix, suffix_mask = left_padded(new, pad)
+        cached = LeanLlama(model, 32, mkl=mkl)
+        full_ids, full_mask = left_padded(whole, pad)
+        full = LeanLlama(model, 32, mkl=mkl)
+        torch.testing.assert_close(cached.prefill_cached(past, suffix, suffix_mask),
+                                   full.prefill(full_ids, full_mask), atol=1e-5, rtol=1e-5)
+        assert cached.positions.tolist() == full.positions.tolist() == [len(w) for w in whole]
+        step = torch.tensor([81, 82, 83])
+        torch.testing.assert_close(cached.step(step), full.step(step), atol=1e-5, rtol=1e-5)
+
+
+def test_an_engine_session_reuses_the_kv_cache_of_ended_rows(tiny):
+    """In a session, a call whose prompts extend the previous call's rows (prompt + completion
+    + new tokens) prefills only what is new, and samples what an engine without reuse samples;
+    the kept caches go with the session's end and with new weights. The modules decoder, and
+    `reuse_kv=False`, re-prefill."""
+    model, tokenizer = tiny
+    first = SamplingParams(n=2, max_new_tokens=8, temperature=1.0, stop=("e",))
+    turn = SamplingParams(n=1, max_new_tokens=8, temperature=1.0, stop=("e",))
+    out = {}
+    for path in ("lean_mkl", "lean", "modules") if MKL else ("lean", "modules"):
+        for reuse in (True, False):
+            engine = HFEngine(model, tokenizer, decoder=path, reuse_kv=reuse)
+            with engine.session():
+                gen = engine.generate(PROMPTS, first, seeds=[1, 2, 3])
+                ended = [i for i, cut in enumerate(gen.truncated) if not cut]
+                assert len(ended) >= 3  # the random model writes an "e" within a few tokens
+                prompts = [PROMPTS[i // 2] + gen.completion_ids[i] + [90, 91] for i in ended]
+                second = engine.generate(prompts, turn, seeds=list(range(len(prompts))))
+                kept = path != "modules" and reuse
+                cached = sum(len(PROMPTS[i // 2]) + len(gen.completion_ids[i]) - 1 for i in ended)
+                assert engine.reused_tokens == (cached if kept else 0)
+                assert bool(engine.kept) is kept
+                if kept:
+                    engine.load_weights(model.named_parameters())  # shared: nothing copied, caches dropped
+                    assert engine.kept == {}
+            assert engine.kept is None
+            out[path, reuse] = (gen.completion_ids, second.completion_ids, second.truncated)
+    reference = out["modules", False]
+    for key, value in out.items():
+        assert value == reference, key
+
+
 def test_every_decoder_samples_the_same_tokens(tiny):
     """The three decoders of the HF engine draw the same completions from the same seed."""
     model, tokenizer = tiny

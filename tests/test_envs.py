@@ -5,6 +5,7 @@ engine on the tiny model, stop strings, metrics, the report and the evaluation's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -221,6 +222,10 @@ class ScriptedEngine:
         self.calls: list[tuple[list[list[int]], SamplingParams, list[int] | None]] = []
         self.sampled: list[list[list[int]]] = []
 
+    def session(self):
+        self.sessions = getattr(self, "sessions", 0) + 1
+        return contextlib.nullcontext()
+
     def generate(self, prompt_ids, params, seeds=None):
         texts = self.script[len(self.calls)]
         assert len(texts) == len(prompt_ids) * params.n
@@ -385,6 +390,35 @@ def test_token_in_token_out_hf(tiny):
     logp = policy.row_logprobs(model, r.prompt_ids, r.completion_ids)
     assert all(len(lp) == len(c) and torch.isfinite(lp).all()
                for lp, c in zip(logp, r.completion_ids, strict=True))
+
+
+def test_episodes_with_kv_reuse_equal_episodes_that_re_prefill(tiny):
+    """The lean decoder keeps each episode's KV cache between turns (`rollout.hf_reuse_kv`):
+    its turns prefill only the new tokens, and the episodes (ids, masks, turns) are those of
+    the path that re-prefills every trajectory; token in, token out holds."""
+    model, tokenizer = tiny
+    cfg = env_config(f"env.fn={ECHO}", "env.max_turns=3", "env.max_turn_tokens=6")
+    runs = {}
+    for reuse in (True, False):
+        engine = HFEngine(model, tokenizer, decoder="lean", reuse_kv=reuse)
+        sampled, reused = spy_on(engine), []
+        generate = engine.generate
+
+        def counting(prompt_ids, params, seeds=None, generate=generate, engine=engine, reused=reused):
+            gen = generate(prompt_ids, params, seeds)
+            reused.append(engine.reused_tokens)
+            return gen
+        engine.generate = counting
+        torch.manual_seed(0)
+        r = RolloutWorker(engine, tokenizer, env=environment_spec(cfg)).rollout(
+            EXAMPLES, SamplingParams(n=2, max_new_tokens=16))
+        check_token_in_token_out(r, sampled, tokenizer, tokenizer.pad_token_id)
+        assert int(r.num_turns.max()) >= 2, "no episode reached a second turn"
+        assert reused[0] == 0 and (all(n > 0 for n in reused[1:]) if reuse else not any(reused))
+        runs[reuse] = r
+    a, b = runs[True], runs[False]
+    assert a.completion_ids == b.completion_ids and a.token_mask == b.token_mask
+    assert a.num_turns.tolist() == b.num_turns.tolist() and a.texts == b.texts
 
 
 def test_hf_engine_stops_at_a_stop_string(tiny):

@@ -287,6 +287,57 @@ class LeanLlama:
             x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(g, w, -1), x))
         return self._head(x[:, -1])
 
+    def rows_cache(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The keys and values of `rows` (indices into the current batch), their filled columns
+        only: one [layers, 2, kv_heads, n, head_dim] tensor per row, n = the row's tokens fed
+        so far (what `prefill` of those tokens would write). `prefill_cached` takes them back."""
+        ok = self.key_ok[:, 0, 0, : self.length]
+        return [self.cache[:, :, r, :, : self.length].index_select(3, ok[r].nonzero().squeeze(1))
+                for r in rows.tolist()]
+
+    def prefill_cached(self, past: list[torch.Tensor], ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Like `prefill`, for rows whose first tokens are already computed: row i's `past[i]`
+        ([layers, 2, kv_heads, n_i, head_dim] from `rows_cache`, n_i >= 0) is followed by its
+        new tokens, left-padded in `ids` / `mask` [P, S]. Only the new tokens are run, attending
+        to their past and causally to each other; returns the logits [P, V] at each row's last
+        token. Layout: the pasts fill columns [C - n_i, C) (C = the longest past), the new
+        tokens [C, C + S); the padding between is masked, and positions continue from n_i."""
+        p, s = ids.shape
+        c = max(kv.size(3) for kv in past)
+        width = c + s
+        if width > self.max_len:
+            raise ValueError(f"{width} cached and new tokens exceed the decode length {self.max_len}")
+        shape = (len(self.layers), 2, p, self.kv_heads, self.max_len, self.head_dim)
+        self.cache = self.embed.new_zeros(shape)
+        self.key_ok = torch.ones(p, 1, 1, self.max_len, dtype=torch.bool, device=ids.device)
+        self.key_ok[:, 0, 0, :c] = False
+        for i, kv in enumerate(past):
+            n = kv.size(3)
+            self.cache[:, :, i, :, c - n: c] = kv
+            self.key_ok[i, 0, 0, c - n: c] = True
+        valid = mask.bool()
+        self.key_ok[:, 0, 0, c: width] = valid
+        done = torch.tensor([kv.size(3) for kv in past], device=ids.device)
+        positions = done[:, None] + (mask.cumsum(1) - 1).clamp(min=0)
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
+        eye = torch.eye(s, dtype=torch.bool, device=ids.device)  # a padding query sees itself: finite
+        own = (causal & valid[:, None, :]) | eye  # [P, S, S]
+        attn_mask = torch.cat([self.key_ok[:, 0, :, :c].expand(p, s, c), own], dim=2)[:, None]
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
+            q, k, v = self._split(qkv)
+            q, k = self._rope(q, positions), self._rope(k, positions)
+            self.cache[i, 0, :, :, c: width] = k
+            self.cache[i, 1, :, :, c: width] = v
+            keys, values = self.cache[i, 0, :, :, :width], self.cache[i, 1, :, :, :width]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=layer.scaling,
+                                                 enable_gqa=self.heads != self.kv_heads)
+            x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(p, s, -1), x))
+        self.length = width
+        self.positions = done + mask.sum(1)
+        return self._head(x[:, -1])
+
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).chunk(2, -1)
         return layer.down(F.silu(gate) * up, x)

@@ -1,15 +1,16 @@
 """What every rollout engine takes and gives, and the protocol it implements.
 
-An engine only maps token ids to token ids (`generate`), accepts new weights
-(`load_weights`), reports a checksum of the weights it serves, may ask for a probe to
-verify a push, and frees what it holds (`close`). Everything else (prompt rendering,
-decoding, bookkeeping) is the `RolloutWorker`'s, so every engine yields identical
-`Rollouts`.
+An engine only maps token ids to token ids (`generate`, in a `session` when calls continue
+each other), accepts new weights (`load_weights`), reports a checksum of the weights it
+serves, may ask for a probe to verify a push, and frees what it holds (`close`). Everything
+else (prompt rendering, decoding, bookkeeping) is the `RolloutWorker`'s, so every engine
+yields identical `Rollouts`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,6 +56,12 @@ class RolloutEngine(Protocol):
                  seeds: list[int] | None = None) -> Generation:
         """`params.n` completions per prompt; prompt i's from `seeds[i]` alone (None: drawn
         here with `prompt_seeds`; ignored by greedy decoding)."""
+        ...
+
+    def session(self) -> AbstractContextManager:
+        """A block of `generate` calls that continue each other (a multi-turn episode's turns:
+        each call's prompts extend the previous call's prompts and completions), within which
+        the engine may keep and reuse their KV caches. The weights do not change inside it."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...

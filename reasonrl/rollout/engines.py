@@ -18,7 +18,7 @@ from reasonrl.rollout.vllm import VLLMEngine, vllm_missing
 @ENGINES.register("hf", logprobs=False, missing=lambda: None)
 def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """transformers: generation with the policy's own model (shared when colocated)"""
-    return HFEngine(model, tokenizer, decoder=options.hf_decoder)
+    return HFEngine(model, tokenizer, decoder=options.hf_decoder, reuse_kv=options.hf_reuse_kv)
 
 
 @ENGINES.register("vllm", logprobs=True, missing=vllm_missing)

@@ -27,6 +27,7 @@ is the one-turn case, the same engine call and the same record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import time
@@ -133,6 +134,15 @@ class EpisodeRunner:
         if env is not None and env.config.max_turn_tokens:
             turn_cap = min(turn_cap, env.config.max_turn_tokens)
         stop = env.stop_strings if env is not None else ()
+        # a turn continues the trajectory of the one before: the engine may reuse its KV cache
+        with self.engine.session() if env is not None else contextlib.nullcontext():
+            return self._play(episodes, prompts, params, seeds, version, seconds, turn_cap, stop)
+
+    def _play(self, episodes: list[Episode], prompts: list[list[int]], params: SamplingParams,
+              seeds: list[int] | None, version: int, seconds: float, turn_cap: int,
+              stop: tuple[str, ...]) -> Rollouts:
+        """The turns: every active episode generates, then every environment steps."""
+        env = self.env
         active = list(range(len(episodes)))
         budgets = [self._budget(episodes[i], turn_cap, params.max_new_tokens) for i in active]
         gen = self.engine.generate(prompts, dataclasses.replace(params, max_new_tokens=budgets[0], stop=stop),

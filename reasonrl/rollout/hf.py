@@ -18,6 +18,12 @@ Works on any causal LM transformers loads, on CPU and GPU. What it does that
 - The decoder itself comes from `reasonrl.accel` (`rollout.hf_decoder`): a lean
   Llama-family forward, with or without MKL-packed weights, or the transformers modules;
   `auto` measures them on this machine and keeps the fastest.
+- In a `session` (a multi-turn episode's turns, `rollout.hf_reuse_kv`), the KV cache of every
+  row that ends (EOS or a stop string) is kept, keyed by its tokens; a later call whose prompt
+  extends one of them prefills only the new tokens (the last sampled token and the
+  environment's observation) against it (`LeanLlama.prefill_cached`), instead of the whole
+  trajectory. The logits are those of a full prefill up to float rounding (tested); the
+  transformers-modules decoder re-prefills.
 
 When the engine shares the policy's model object (colocated in one process, the default),
 `load_weights` recognises the shared storage and copies nothing; given another model it
@@ -26,6 +32,7 @@ copies the tensors in.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import torch
@@ -73,8 +80,11 @@ class HFEngine:
     `rollout.hf_decoder`: `auto` (the fastest measured here), `lean_mkl`, `lean` or
     `modules` (`reasonrl.accel.decode`)."""
 
-    def __init__(self, model, tokenizer, decoder: str = "auto"):
+    def __init__(self, model, tokenizer, decoder: str = "auto", reuse_kv: bool = True):
         self.model, self.tokenizer = model, tokenizer
+        self.reuse_kv = reuse_kv
+        self.kept: dict[tuple[int, ...], torch.Tensor] | None = None  # in a session: KV by tokens
+        self.reused_tokens = 0  # tokens of the latest call served from kept caches (metrics, tests)
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -87,6 +97,16 @@ class HFEngine:
         """(decoder for a call of `rows` rows, why not the requested one): checked per call,
         since hooks or adapters may come after the engine."""
         return accel.choose(self.model, self.requested, rows)
+
+    @contextlib.contextmanager
+    def session(self):
+        """Keep and reuse the KV caches of the block's calls (see the module docstring); off
+        with `reuse_kv=False`. Left or not, the kept caches are dropped at the end."""
+        self.kept = {} if self.reuse_kv else None
+        try:
+            yield self
+        finally:
+            self.kept = None
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> Generation:
@@ -114,26 +134,51 @@ class HFEngine:
         """(completion ids up to and including EOS or a stop string, ended so) per row, prompt-major."""
         device = next(self.model.parameters()).device
         samples = 1 if params.greedy else params.n
-        width = max(len(p) for p in prompt_ids)
+        self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
+        keep = self.kept is not None and self.last_path in ("lean", "lean_mkl")
+        past, new_ids = self._reuse(prompt_ids) if keep and samples == 1 else (None, prompt_ids)
+        self.reused_tokens = 0 if past is None else sum(kv.size(3) for kv in past)
+        width = max(len(p) for p in new_ids)
         # Left padding: every prompt ends at the same column, so decoding steps are batched.
-        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
+        ids = torch.full((len(new_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(new_ids), width), dtype=torch.long)
+        for i, p in enumerate(new_ids):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
-        with accel.decoder(self.model, width, params.max_new_tokens, self.last_path) as decoder:
-            return self._sample(decoder, ids, mask, params, samples, device, seeds)
+        cached = 0 if past is None else max(kv.size(3) for kv in past)
+        exported: dict[int, torch.Tensor] | None = {} if keep else None
+        with accel.decoder(self.model, cached + width, params.max_new_tokens, self.last_path) as decoder:
+            rows = self._sample(decoder, ids, mask, params, samples, device, seeds, past, exported)
+        if exported is not None:  # a row's cache holds its prompt and all its tokens but the last
+            self.kept = {tuple(prompt_ids[r // samples] + rows[r][0][:-1]): kv for r, kv in exported.items()}
+        return rows
+
+    def _reuse(self, prompt_ids: list[list[int]]) -> tuple[list[torch.Tensor] | None, list[list[int]]]:
+        """(each prompt's kept cache, or an empty one; the tokens after it) when some prompt
+        extends a kept row; (None, the prompts) when none does."""
+        lengths = sorted({len(key) for key in self.kept}, reverse=True)
+        hits = []
+        for p in prompt_ids:
+            hits.append(next((n for n in lengths if n < len(p) and tuple(p[:n]) in self.kept), 0))
+        if not any(hits):
+            return None, prompt_ids
+        empty = next(iter(self.kept.values()))[:, :, :, :0]
+        past = [self.kept[tuple(p[:n])] if n else empty for p, n in zip(prompt_ids, hits, strict=True)]
+        return past, [p[n:] for p, n in zip(prompt_ids, hits, strict=True)]
 
     def _sample(self, decoder: accel.Decoder, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
-                samples: int, device: torch.device, seeds: list[int] | None) -> list[tuple[list[int], bool]]:
+                samples: int, device: torch.device, seeds: list[int] | None,
+                past: list[torch.Tensor] | None = None,
+                exported: dict[int, torch.Tensor] | None = None) -> list[tuple[list[int], bool]]:
+        """Sample from `decoder` after prefilling `ids` (after each row's `past` cache, if any).
+        `exported`, if given, receives the KV cache of each row that ends, by row."""
         uniform = None
         if not params.greedy:  # [rows, max_new_tokens]: row p * samples + s is sample s of prompt p
             uniform = torch.cat([torch.rand(samples, params.max_new_tokens,
                                             generator=torch.Generator().manual_seed(seed)) for seed in seeds])
             uniform = uniform.to(device)
-        logits = decoder.prefill(ids, mask)
+        logits = decoder.prefill(ids, mask) if past is None else decoder.prefill_cached(past, ids, mask)
         if samples > 1:  # every sample of a prompt continues from the prompt's one prefill
             decoder.repeat(samples)
             logits = logits.repeat_interleave(samples, 0)
@@ -156,6 +201,9 @@ class HFEngine:
                 done |= self._stop_hits(tokens, active, t, params.stop)
             if bool(done.any()):
                 ended = active[done]
+                if exported is not None:
+                    exported.update(zip(ended.tolist(), decoder.rows_cache(done.nonzero().squeeze(1)),
+                                        strict=True))
                 finished[ended] = True
                 lengths[ended] = t + 1
                 keep = (~done).nonzero().squeeze(1)
@@ -180,6 +228,8 @@ class HFEngine:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.kept:  # caches computed with the old weights
+            self.kept = {}
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         for name, tensor in named_tensors:

@@ -272,6 +272,11 @@ class VLLMEngine:
         return VSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                top_k=params.top_k or 0, seed=seed, **common)
 
+    def session(self):
+        """Nothing to keep: vLLM's prefix cache (`enable_prefix_caching`) already reuses the KV
+        blocks of a prompt that extends an earlier one."""
+        return contextlib.nullcontext()
+
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> Generation:
         # Greedy samples of a prompt are all the same: decode each prompt once, repeat n times.
