@@ -459,16 +459,17 @@ def test_load_examples_generators():
 
 
 def test_prepare_gsm8k_fixture():
-    from reasonrl.data.prepare import GSM8K_INSTRUCTION, prepare_gsm8k
+    from reasonrl.data.formats import GSM8K_INSTRUCTION
+    from reasonrl.data.prepare import convert
 
-    records = prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl")
+    records = convert("gsm8k", FIXTURES / "gsm8k" / "train.jsonl")
     assert len(records) == 20
     first = records[0]
     assert first["ground_truth"] == "72" and first["data_source"] == "gsm8k"
     assert first["prompt"].startswith("Natalia sold clips") and first["prompt"].endswith(GSM8K_INSTRUCTION)
     assert first["extra_info"]["solution"].endswith("#### 72")
     assert all("," not in r["ground_truth"] for r in records)
-    assert len(prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl", instruction="", limit=3)) == 3
+    assert len(convert("gsm8k", FIXTURES / "gsm8k" / "train.jsonl", instruction="", limit=3)) == 3
 
 
 @pytest.mark.parametrize("line, needle", [
@@ -478,17 +479,17 @@ def test_prepare_gsm8k_fixture():
     ('{"answer": "#### 1"}', "missing field 'question'; the record has answer"),
 ])
 def test_prepare_gsm8k_errors(tmp_path, line, needle):
-    from reasonrl.data.prepare import prepare_gsm8k
+    from reasonrl.data.prepare import convert
 
     path = write_lines(tmp_path, ['{"question": "q", "answer": "#### 1"}', line])
     with pytest.raises(DataError, match=rf"data\.jsonl:2: {needle}"):
-        prepare_gsm8k(path)
+        convert("gsm8k", path)
 
 
 def test_prepare_math_fixture_and_official_folder(tmp_path):
-    from reasonrl.data.prepare import prepare_math
+    from reasonrl.data.prepare import convert
 
-    records = prepare_math(FIXTURES / "math_style.jsonl")
+    records = convert("math", FIXTURES / "math_style.jsonl")
     assert len(records) == 14
     assert records[0]["ground_truth"] == "\\frac{1}{2}"  # last \boxed of the solution
     assert records[5]["ground_truth"] == "1024"  # the answer field wins
@@ -497,11 +498,11 @@ def test_prepare_math_fixture_and_official_folder(tmp_path):
     folder.mkdir(parents=True)
     for i, line in enumerate((FIXTURES / "math_style.jsonl").read_text().splitlines()[:3]):
         (folder / f"{i}.json").write_text(line)
-    assert [r["ground_truth"] for r in prepare_math(tmp_path / "MATH")] == [
+    assert [r["ground_truth"] for r in convert("math", tmp_path / "MATH")] == [
         r["ground_truth"] for r in records[:3]]
     (folder / "9.json").write_text(json.dumps({"problem": "p", "solution": "no box"}))
     with pytest.raises(DataError, match=r"9\.json:1: field 'solution' has no \\boxed"):
-        prepare_math(tmp_path / "MATH")
+        convert("math", tmp_path / "MATH")
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
@@ -553,18 +554,18 @@ def test_prepare_countdown_converts_tinyzero_records(tmp_path, name):
     ('[24, [1, 2]]', "expected a JSON object"),
 ])
 def test_prepare_countdown_errors_name_file_line_and_field(tmp_path, line, needle):
-    from reasonrl.data.prepare import convert_countdown
+    from reasonrl.data.prepare import convert
 
     path = write_lines(tmp_path, ['{"target": 3, "nums": [1, 2]}', line])
     with pytest.raises(DataError, match=rf"data\.jsonl:2: {needle}"):
-        convert_countdown(path)
+        convert("countdown", path)
 
 
 def test_prepare_r1_zero_template_writes_reasonrl_prompts():
     from reasonrl.data.formats import R1_ZERO_TEMPLATE
-    from reasonrl.data.prepare import prepare_gsm8k
+    from reasonrl.data.prepare import convert
 
-    (record,) = prepare_gsm8k(FIXTURES / "gsm8k" / "train.jsonl", limit=1, template="r1_zero")
+    (record,) = convert("gsm8k", FIXTURES / "gsm8k" / "train.jsonl", limit=1, template="r1_zero")
     question = record["extra_info"]["question"]
     assert record["prompt"] == R1_ZERO_TEMPLATE.format(question=question.strip())
     assert record["prompt"].endswith(f"User: {question.strip()}\nAssistant: <think>")

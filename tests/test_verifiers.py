@@ -13,7 +13,7 @@ from reasonrl.batch import Example
 from reasonrl.config import CountdownConfig, PiecewiseConfig, RewardConfig
 from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.piecewise import piecewise_examples
-from reasonrl.data.prepare import prepare_countdown, prepare_gsm8k, prepare_math, prepare_piecewise
+from reasonrl.data.prepare import convert, prepare_countdown, prepare_piecewise
 from reasonrl.errors import ConfigError
 from reasonrl.rewards import (
     GroundTruthError,
@@ -534,8 +534,8 @@ def test_batch_reward_checked_at_start():
 
 def fixture_examples() -> list[Example]:
     gsm8k = FIXTURES / "gsm8k"
-    records = (prepare_gsm8k(gsm8k / "train.jsonl") + prepare_gsm8k(gsm8k / "test.jsonl")
-               + prepare_math(FIXTURES / "math_style.jsonl") + prepare_countdown(30, seed=1)
+    records = (convert("gsm8k", gsm8k / "train.jsonl") + convert("gsm8k", gsm8k / "test.jsonl")
+               + convert("math", FIXTURES / "math_style.jsonl") + prepare_countdown(30, seed=1)
                + prepare_piecewise(10, seed=1))
     examples = [Example(r["prompt"], r["ground_truth"], r["data_source"], r["extra_info"]) for r in records]
     train, held_out = countdown_examples(CountdownConfig(train_size=30, val_size=10), seed=2)

@@ -116,10 +116,6 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @DATA_FORMATS.register("countdown", instruction="")
 def countdown_record(raw: object, where: str, index: int, instruction: str = "", template: str = "") -> dict:
     """TinyZero's `{"target": 98, "nums": [44, 19, 35]}` -> a training record with TinyZero's

@@ -23,16 +23,10 @@ import random
 from pathlib import Path
 
 from reasonrl.config import CountdownConfig
-from reasonrl.data.formats import (
-    GSM8K_INSTRUCTION,
-    MATH_INSTRUCTION,
-    TEMPLATES,
-    countdown_record,
-    gsm8k_record,
-    math_record,
-)
+from reasonrl.data.formats import TEMPLATES
 from reasonrl.data.readers import iter_records, write_records
 from reasonrl.errors import ConfigError, DataError
+from reasonrl.registry import DATA_FORMATS
 
 
 def _window(path: str | Path, skip: int = 0, limit: int = 0):
@@ -46,17 +40,15 @@ def _window(path: str | Path, skip: int = 0, limit: int = 0):
         yield index, where, raw
 
 
-def prepare_gsm8k(path: str | Path, instruction: str = GSM8K_INSTRUCTION, limit: int = 0, skip: int = 0,
-                  template: str = "") -> list[dict]:
-    """GSM8K's official `{"question", "answer"}` records -> training records."""
-    return [gsm8k_record(raw, where, index, instruction, template)
-            for index, where, raw in _window(path, skip, limit)]
-
-
-def prepare_math(path: str | Path, instruction: str = MATH_INSTRUCTION, limit: int = 0, skip: int = 0,
-                 template: str = "") -> list[dict]:
-    """MATH-style `{"problem", "solution", "answer"?}` records -> training records."""
-    return [math_record(raw, where, index, instruction, template)
+def convert(fmt: str, path: str | Path, instruction: str | None = None, limit: int = 0, skip: int = 0,
+            template: str = "") -> list[dict]:
+    """The records of `path` in a known layout (`data.format`: gsm8k, math, numina, countdown;
+    `reasonrl.data.formats`) -> training records; `instruction` None = the format's own.
+    Countdown's `skip` / `limit` take TinyZero's splits: train = the first 327680, test = the
+    1024 after them."""
+    entry = DATA_FORMATS[fmt]
+    instruction = entry.info["instruction"] if instruction is None else instruction
+    return [entry.fn(raw, where, index, instruction, template)
             for index, where, raw in _window(path, skip, limit)]
 
 
@@ -73,13 +65,6 @@ def prepare_countdown(size: int, seed: int = 0, cfg: CountdownConfig | None = No
     cfg = cfg or CountdownConfig()
     rng = random.Random(f"countdown-prepare:{seed}")
     return [_example_record(countdown_example(*countdown_instance(rng, cfg))) for _ in range(size)]
-
-
-def convert_countdown(path: str | Path, limit: int = 0, skip: int = 0) -> list[dict]:
-    """TinyZero's Countdown-Tasks-3to4 records (`{"target": 98, "nums": [44, 19, 35]}`, JSONL or
-    Parquet) -> training records (`countdown_record`). `skip` / `limit` take TinyZero's splits:
-    train = the first 327680, test = the 1024 after them."""
-    return [countdown_record(raw, where, index) for index, where, raw in _window(path, skip, limit)]
 
 
 def prepare_piecewise(size: int, seed: int = 0) -> list[dict]:
@@ -134,19 +119,12 @@ def prepare(task: str, output: str | Path, input_path: str | Path | None = None,
     check_options(task, {"input": input_path, "limit": limit, "size": size, "seed": seed,
                          "instruction": instruction, "skip": skip, "template": template})
     limit, skip, size, seed = limit or 0, skip or 0, 1000 if size is None else size, seed or 0
-    if task in ("gsm8k", "math"):
-        if input_path is None:
-            raise DataError(f"data prepare {task}: --input is required (the dataset's file or folder)")
-        fn = prepare_gsm8k if task == "gsm8k" else prepare_math
-        default = GSM8K_INSTRUCTION if task == "gsm8k" else MATH_INSTRUCTION
-        records = fn(input_path, default if instruction is None else instruction, limit, skip, template or "")
+    if input_path is not None:  # check_options: only the tasks with a data format take a file
+        records = convert(task, input_path, instruction, limit, skip, template or "")
     elif task == "countdown":
-        records = (convert_countdown(input_path, limit, skip) if input_path is not None
-                   else prepare_countdown(size, seed))
-    elif task == "piecewise":
-        records = prepare_piecewise(size, seed)
+        records = prepare_countdown(size, seed)
     else:
-        raise DataError(f"data prepare: unknown task {task!r}; allowed: gsm8k, math, countdown, piecewise")
+        records = prepare_piecewise(size, seed)
     if not records:
         raise DataError(f"{input_path}: no records")
     write_records(records, output)
