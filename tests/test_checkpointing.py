@@ -140,3 +140,24 @@ def test_policy_worker_step_is_the_same_with_checkpointing(tiny, kernels):
         assert metrics[key] == base_metrics[key], key
     for name in base:
         assert torch.equal(weights[name], base[name]), name
+
+
+def test_wrapped_models_checkpoint_their_layers_and_lora_trains_with_a_reference(tiny):
+    """The layers are found inside a data-parallel rank's root, the critic's value model and a
+    LoRA wrapper; a LoRA policy with a reference (the adapter switched off) trains with it on."""
+    from reasonrl.policy.critic import ValueModel
+    from reasonrl.policy.lora import apply_lora
+    from reasonrl.policy.parallel import ShardRoot
+
+    model, tokenizer = tiny
+    inner = copy.deepcopy(model)
+    assert checkpoint_layers(ShardRoot(inner)) == 2 and is_checkpointed(inner)
+    value = ValueModel(copy.deepcopy(model))
+    assert checkpoint_layers(value) == 2 and is_checkpointed(value.lm)
+    wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)
+    worker = PolicyWorker(wrapped, tokenizer.pad_token_id,
+                          policy_settings(lr=1e-2, beta=0.1, gradient_checkpointing=True))
+    assert is_checkpointed(wrapped)
+    prompt_ids, completion_ids = grouped_rows(1)
+    metrics = worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.tensor([1.0, -1.0] * 3)))
+    assert metrics["train/kl"] >= 0 and torch.isfinite(torch.tensor(metrics["train/loss"]))

@@ -375,30 +375,27 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
             out[f"sync after {name}"] = pieces = sync_pieces(worker)  # trained by SGD: comparable
             if rank != 0:
                 assert all(bucket == [] for bucket in pieces["buckets"])  # gathered on rank 0 alone
-    # LoRA resume: the adapter written by the ranks (rank 0) and the optimizer state into fresh ranks
-    hyper = {**LORA, "lr": 0.01}
-    first, model = make_worker(rank, world, hyper)
-    run_case(first, model, hyper)
-    assert first.save_adapter(Path(folder) / "adapter")
-    dist.barrier()  # rank 0 has written it
-    adapter, state = load_file(Path(folder) / "adapter" / "adapter_model.safetensors"), first.state_dict()
-    second, model2 = make_worker(rank, world, hyper)
-    second.load_weights(adapter)
-    second.load_state_dict(state)
-    run_case(first, model, hyper)
-    run_case(second, model2, hyper)
-    out["LoRA resumed checksums"] = (first.weights_checksum(), second.weights_checksum())
-    # resume path: weights + optimizer state into a fresh rank, then one more identical step
-    hyper = {**CASES["token, KL + entropy in the loss"], "lr": 0.01}
-    first, model = make_worker(rank, world, hyper)
-    run_case(first, model, hyper)
-    weights, state = dict(first.named_weights()), first.state_dict()
-    second, model2 = make_worker(rank, world, hyper)
-    second.load_weights(weights)
-    second.load_state_dict(state)
-    run_case(first, model, hyper)
-    run_case(second, model2, hyper)
-    out["resumed checksums"] = (first.weights_checksum(), second.weights_checksum())
+    def resumed(hyper, saved_weights):
+        """One step, then its weights (`saved_weights(worker)`) and optimizer state into a fresh
+        rank; one more identical step on both: (checksum of the first, of the resumed one)."""
+        first, model = make_worker(rank, world, hyper)
+        run_case(first, model, hyper)
+        weights, state = saved_weights(first), first.state_dict()
+        second, model2 = make_worker(rank, world, hyper)
+        second.load_weights(weights)
+        second.load_state_dict(state)
+        run_case(first, model, hyper)
+        run_case(second, model2, hyper)
+        return first.weights_checksum(), second.weights_checksum()
+
+    def adapter_of(worker):  # LoRA: the adapter the ranks write (rank 0), read back by every rank
+        assert worker.save_adapter(Path(folder) / "adapter")
+        dist.barrier()  # rank 0 has written it
+        return load_file(Path(folder) / "adapter" / "adapter_model.safetensors")
+
+    out["LoRA resumed checksums"] = resumed({**LORA, "lr": 0.01}, adapter_of)
+    out["resumed checksums"] = resumed({**CASES["token, KL + entropy in the loss"], "lr": 0.01},
+                                       lambda worker: dict(worker.named_weights()))
     if rank == 0:
         queue.put(pickle.dumps(out))
 

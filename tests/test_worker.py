@@ -178,13 +178,16 @@ def test_mini_batch_invariance_with_kl_entropy_and_dual_clip(base_model):
 
 
 def hand_written_objective(model, loss_agg, advantages=ADVANTAGES, max_len=8, old=None, clip=0.2,
-                           ratio_level="token"):
+                           ratio_level="token", masks=None):
     """The step's loss written out row by row from naive log-probs: PPO-clip per token (or
-    per sequence for GSPO), then the aggregation's normaliser over the whole batch."""
-    n, total_tokens = len(PROMPTS), sum(len(c) for c in COMPLETIONS)
+    per sequence for GSPO), then the aggregation's normaliser over the whole batch. `masks`
+    (multi-turn): 1 on the model's tokens; each row's forward sees every token (the
+    environment's as context), the sums and normalisers count only the masked ones."""
+    masks = masks or [[1] * len(c) for c in COMPLETIONS]
+    n, total_tokens = len(PROMPTS), sum(sum(m) for m in masks)
     objective = 0.0
-    for i, (p, c, a) in enumerate(zip(PROMPTS, COMPLETIONS, advantages, strict=True)):
-        logp = naive_logprobs(model, p, c)
+    for i, (p, c, a, m) in enumerate(zip(PROMPTS, COMPLETIONS, advantages, masks, strict=True)):
+        logp = naive_logprobs(model, p, c)[torch.tensor(m, dtype=torch.bool)]
         old_i = logp.detach() if old is None else old[i]
         log_ratio = logp - old_i
         if ratio_level == "sequence":  # GSPO-token: value s_i, gradient s_i * grad logp_t
@@ -463,29 +466,6 @@ def test_loss_mask_drops_rows(base_model):
 TOKEN_MASKS = [[1, 0, 1], [1], [1, 1, 0, 0, 1], [1, 1]]
 
 
-def masked_objective(model, loss_agg, masks=TOKEN_MASKS, advantages=ADVANTAGES, max_len=8,
-                     ratio_level="token"):
-    """The on-policy objective written out over model tokens only: each row's forward sees
-    every token (the environment's as context), the sums and normalisers count the masked ones."""
-    n = len(PROMPTS)
-    model_tokens = sum(sum(m) for m in masks)
-    objective = 0.0
-    for p, c, a, m in zip(PROMPTS, COMPLETIONS, advantages, masks, strict=True):
-        keep = torch.tensor(m, dtype=torch.bool)
-        logp = naive_logprobs(model, p, c)[keep]
-        log_ratio = logp - logp.detach()
-        if ratio_level == "sequence":
-            log_ratio = logp - logp.detach() + log_ratio.mean().detach()
-        per_token = -a * torch.exp(log_ratio)
-        objective = objective + {
-            "token": per_token.sum() / model_tokens,
-            "sequence": per_token.mean() / n,
-            "seq_mean_token_sum": per_token.sum() / n,
-            "seq_mean_token_sum_norm": per_token.sum() / (n * max_len),
-        }[loss_agg]
-    return objective
-
-
 @pytest.mark.parametrize("loss_agg", AGGREGATIONS)
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 def test_multi_turn_gradient_is_the_masked_objective_for_every_micro_batch_size(base_model, loss_agg,
@@ -495,7 +475,8 @@ def test_multi_turn_gradient_is_the_masked_objective_for_every_micro_batch_size(
     hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8, token_mask=TOKEN_MASKS)
     (full,), m_full, _ = run_train_step(base_model, 4, share_prompt=False, **hyper)
     model = copy.deepcopy(base_model)
-    expected = model_grads(model, masked_objective(model, loss_agg, ratio_level=ratio_level))
+    expected = model_grads(model, hand_written_objective(model, loss_agg, ratio_level=ratio_level,
+                                                         masks=TOKEN_MASKS))
     assert_grads_close(full, expected, "masked hand-written")
     assert m_full["train/tokens"] == 8.0  # model tokens only (13 completion tokens in all)
     for size, share in [(1, False), (3, False), (1, True), (2, True), (4, True)]:

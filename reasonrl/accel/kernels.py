@@ -210,7 +210,7 @@ def _register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
-def _base(model):
+def transformers_model(model):
     """The transformers model inside `model` (a peft wrapper, an FSDP root) or `model`."""
     from transformers import PreTrainedModel
 
@@ -220,7 +220,7 @@ def _base(model):
 def apply_lean_kernels(model) -> list[str]:
     """Swap the lean kernels into `model` in place; returns what was swapped (empty for
     model families other than `FAMILIES`, which stay as transformers builds them)."""
-    base = _base(model)
+    base = transformers_model(model)
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in FAMILIES:
         return []

@@ -20,6 +20,8 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from reasonrl.accel.kernels import transformers_model
+
 
 def _checkpointed_forward(self, *args, **kwargs):
     forward = type(self).forward.__get__(self)  # the class's forward: a deepcopy rebinds to its copy
@@ -28,11 +30,17 @@ def _checkpointed_forward(self, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+def _layers(model):
+    """The decoder layers of the transformers model in `model` (itself, or inside a LoRA
+    wrapper, a data-parallel rank's root, the critic's value model)."""
+    return getattr(transformers_model(model).get_decoder(), "layers", None)
+
+
 def checkpoint_layers(model) -> int:
-    """Make every decoder layer of `model` (`model.get_decoder().layers`: Llama-family, Qwen,
-    Mistral, ... and their LoRA or FSDP wrappers) recompute its activations in the backward.
+    """Make every decoder layer of `model` (Llama-family, Qwen, Mistral, ..., bare or inside
+    their LoRA, FSDP or value-model wrappers) recompute its activations in the backward.
     Idempotent; returns the number of layers. ValueError for a model without such layers."""
-    layers = getattr(model.get_decoder(), "layers", None)
+    layers = _layers(model)
     if not layers:
         raise ValueError(f"optim.gradient_checkpointing: {type(model).__name__} has no decoder layers "
                          "(model.get_decoder().layers) to checkpoint")
@@ -44,6 +52,6 @@ def checkpoint_layers(model) -> int:
 
 def is_checkpointed(model) -> bool:
     """True when every decoder layer of `model` recomputes its activations in the backward."""
-    layers = getattr(model.get_decoder(), "layers", None) or []
+    layers = _layers(model) or []
     return bool(layers) and all(getattr(vars(layer).get("forward"), "__func__", None) is _checkpointed_forward
                                 for layer in layers)

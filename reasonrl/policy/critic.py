@@ -71,7 +71,7 @@ class CriticWorker:
         self.model, self.pad_id, self.critic, self.optim = model, pad_id, critic, optim
         self.accel = TrainingAccel(model, kernels=optim.lean_kernels)
         if optim.gradient_checkpointing:  # after the kernels, as the policy (plain micro-batches)
-            checkpoint_layers(model.lm)
+            checkpoint_layers(model)
         self.model.train()
         self.device = next(model.parameters()).device
         self.micro_batch_size = critic.micro_batch_size or optim.micro_batch_size

@@ -262,8 +262,6 @@ class PolicyWorker:
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
         if ref_model is None and (a.beta > 0 or a.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
-        if o.gradient_checkpointing and self.ref_model is not None:  # no-op there: it runs without gradients
-            checkpoint_layers(self.ref_model)
         self.trainable = trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
