@@ -234,13 +234,13 @@ def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, bac
     shard it. The reference model is a sharded copy, or with LoRA the sharded model itself
     run with the adapter switched off."""
     from reasonrl.policy import parallel
-    from reasonrl.policy.lora import AdapterDisabled, apply_lora
+    from reasonrl.policy.lora import AdapterDisabled, apply_lora, reference_model
 
     parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
     model, tokenizer = load_model(cfg)
     settings, lo = PolicySettings.from_config(cfg), cfg.model.lora
     wants_ref = cfg.algo.beta > 0 or cfg.algo.log_kl
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if wants_ref and lo.rank == 0 else None
+    ref = reference_model(model) if wants_ref and lo.rank == 0 else None  # LoRA: AdapterDisabled below
     if lo.rank > 0:
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
     device = torch.device(_device(cfg.placement.policy.num_gpus))

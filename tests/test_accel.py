@@ -464,7 +464,7 @@ def test_saved_model_keeps_the_standard_attention(tiny, tmp_path):
 
 
 def test_config_switches_reach_the_engine_and_the_worker(tiny):
-    """`rollout.hf_decoder` and `optim.lean_kernels`, as the docs describe them."""
+    """`rollout.hf_decoder`, `rollout.hf_reuse_kv` and `optim.lean_kernels`, as the docs describe them."""
     from reasonrl.config import RolloutConfig, load_config
     from reasonrl.policy.worker import PolicySettings, PolicyWorker
     from reasonrl.rollout import make_engine
@@ -473,10 +473,12 @@ def test_config_switches_reach_the_engine_and_the_worker(tiny):
     for path in ("lean", "modules"):
         engine = make_engine("hf", model, tokenizer, RolloutConfig(hf_decoder=path))
         assert engine.decode_path() == (path, None)
+    for reuse in (True, False):  # rollout.hf_reuse_kv
+        assert make_engine("hf", model, tokenizer, RolloutConfig(hf_reuse_kv=reuse)).reuse_kv is reuse
     for value, expected in (("true", ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]), ("false", [])):
         cfg = load_config(None, ["model.path=tiny", f"optim.lean_kernels={value}"])
         worker = PolicyWorker(copy.deepcopy(model), 0, PolicySettings.from_config(cfg))
-        assert worker.kernels == expected
+        assert worker.accel.kernels == expected
 
 
 def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):

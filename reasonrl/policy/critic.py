@@ -28,7 +28,7 @@ from reasonrl.algo import clipped_value_loss
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.checkpointing import checkpoint_layers
-from reasonrl.policy.worker import MicroBatch, completion_hidden, make_micro_batches, pad_like
+from reasonrl.policy.worker import MicroBatch, completion_hidden, make_micro_batches, pad_like, per_row
 
 WEIGHTS_FILE = "value_model.safetensors"
 
@@ -96,12 +96,8 @@ class CriticWorker:
     @torch.no_grad()
     def values(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each completion's per-token values V(s_t), one unpadded float32 tensor per row."""
-        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in self.micro_batches(prompt_ids, completion_ids):
-            values = self.model.completion_values(mb.to(self.device)).cpu()
-            for j, i in enumerate(mb.rows):
-                out[i] = values[j, : len(completion_ids[i])].clone()
-        return out
+        return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device,
+                       lambda mb: self.model.completion_values(mb).cpu())
 
     def train_step(self, batch: CriticBatch) -> dict[str, float]:
         """`optim.ppo_epochs` passes over the batch, each in `optim.mini_batches` optimizer

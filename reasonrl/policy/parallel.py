@@ -224,6 +224,39 @@ class DataParallelRank:
     rank: int
     world: int
     _my_tokens: int = 0
+    ROLE = "policy"  # placement.<ROLE>.ranks, in the messages
+
+    def _join(self, rank: int, world: int, device: torch.device | None) -> None:
+        self.rank, self.world = rank, world
+        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
+            self.device = device
+
+    def _optimizer_state(self) -> dict:
+        """The full (unsharded) optimizer state by parameter name, on the CPU of every rank
+        (cpu_offload keeps it on rank 0 only)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True))
+        return torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
+
+    def _load_optimizer_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if state.get("ranks") is None:
+            raise ValueError(f"this checkpoint's {self.ROLE} state was written by one process; resume it "
+                             f"with placement.{self.ROLE}.ranks=1")
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        for param_state in self.optimizer.state.values():  # the loader may share one `step`
+            if isinstance(param_state.get("step"), torch.Tensor):  # tensor among all parameters:
+                param_state["step"] = param_state["step"].clone()  # AdamW adds 1 to each
+        self.step = state["step"]
+
+    def close(self) -> None:
+        """Leave the process group (collective: every rank calls it)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def train_micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                             token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
@@ -273,10 +306,7 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
         plain = dataclasses.replace(settings.optim, share_prompt=False)
         settings = dataclasses.replace(settings, optim=plain)
         super().__init__(model, pad_id, settings, ref_model=ref_model)
-        self.rank, self.world = rank, world
-        self._my_tokens = 0
-        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
-            self.device = device
+        self._join(rank, world, device)
         self.lora = lora.is_lora(model.lm)
 
     # ---- weights -----------------------------------------------------------------------
@@ -452,46 +482,24 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
 
     def state_dict(self) -> dict:
         """The full (unsharded) optimizer state by parameter name, scheduler and step."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True))
-        optim = torch.utils._pytree.tree_map(  # on every rank (cpu_offload keeps it on rank 0 only)
-            lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
-        return {"optimizer": optim, "scheduler": self.scheduler.state_dict(), "step": self.step,
-                "ranks": self.world}
+        return {"optimizer": self._optimizer_state(), "scheduler": self.scheduler.state_dict(),
+                "step": self.step, "ranks": self.world}
 
     def load_state_dict(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        if state.get("ranks") is None:
-            raise ValueError("this checkpoint's optimizer state was written by one process; resume it "
-                             "with placement.policy.ranks=1")
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
-        for param_state in self.optimizer.state.values():  # the loader may share one `step`
-            if isinstance(param_state.get("step"), torch.Tensor):  # tensor among all parameters:
-                param_state["step"] = param_state["step"].clone()  # AdamW adds 1 to each
+        self._load_optimizer_state(state)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-
-    def close(self) -> None:
-        """Leave the process group (collective: every rank calls it)."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class RankCriticWorker(DataParallelRank, CriticWorker):
     """One data-parallel rank of the critic (see `DataParallelRank`): plain micro-batches, the
     full weights and optimizer state gathered for checkpoints (rank 0 writes)."""
 
+    ROLE = "critic"
+
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
                  rank: int, world: int, device: torch.device | None = None):
         super().__init__(model, pad_id, critic, dataclasses.replace(optim, share_prompt=False))
-        self.rank, self.world = rank, world
-        self._my_tokens = 0
-        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
-            self.device = device
+        self._join(rank, world, device)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.model.named_parameters():
@@ -523,27 +531,7 @@ class RankCriticWorker(DataParallelRank, CriticWorker):
             param.copy_(full)
 
     def state_dict(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True))
-        optim = torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
-        return {"optimizer": optim, "step": self.step, "ranks": self.world}
+        return {"optimizer": self._optimizer_state(), "step": self.step, "ranks": self.world}
 
     def load_state_dict(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        if state.get("ranks") is None:
-            raise ValueError("this checkpoint's critic state was written by one process; resume it with "
-                             "placement.critic.ranks=1")
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
-        for param_state in self.optimizer.state.values():
-            if isinstance(param_state.get("step"), torch.Tensor):
-                param_state["step"] = param_state["step"].clone()
-        self.step = state["step"]
-
-    def close(self) -> None:
-        """Leave the process group (collective: every rank calls it)."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._load_optimizer_state(state)

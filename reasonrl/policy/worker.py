@@ -245,6 +245,18 @@ def pad_like(rows: list[torch.Tensor], fill: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def per_row(micro_batches: list[MicroBatch], completion_ids: list[list[int]], device: torch.device,
+            fn) -> list[torch.Tensor]:
+    """`fn(micro_batch) -> [M, T]` over the micro-batches (moved to `device`), cut back to one
+    unpadded tensor per completion, in the completions' order."""
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(completion_ids)
+    for mb in micro_batches:
+        values = fn(mb.to(device))
+        for j, i in enumerate(mb.rows):
+            out[i] = values[j, : len(completion_ids[i])].clone()
+    return out
+
+
 class PolicyWorker:
     def __init__(self, model, pad_id: int, settings: PolicySettings, ref_model=None):
         if settings.optim.gradient_checkpointing and settings.optim.share_prompt:
@@ -254,7 +266,6 @@ class PolicyWorker:
         self.model, self.pad_id, self.settings = model, pad_id, settings
         self.algo, self.optim = a, o = settings.algo, settings.optim
         self.accel = TrainingAccel(model, kernels=o.lean_kernels)
-        self.kernels = self.accel.kernels
         if o.gradient_checkpointing:  # after the kernels: the recompute runs them too
             checkpoint_layers(model)
         self.model.train()
@@ -262,7 +273,7 @@ class PolicyWorker:
         self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
         if ref_model is None and (a.beta > 0 or a.log_kl):  # only then is it worth its memory
             self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
-        self.trainable = trainable = [p for p in model.parameters() if p.requires_grad]
+        trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
             weight_decay=o.weight_decay, fused=fused_adam_ok(trainable) or None)
@@ -278,26 +289,16 @@ class PolicyWorker:
     def row_logprobs(self, model, prompt_ids: list[list[int]],
                      completion_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each completion's token log-probs under `model`, one unpadded tensor per row."""
-        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
-                                     self.optim.share_prompt):
-            logp, _ = completion_logprobs(model, mb.to(self.device), self.settings.temperature)
-            for j, i in enumerate(mb.rows):
-                out[i] = logp[j, : len(completion_ids[i])].clone()
-        return out
+        return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device,
+                       lambda mb: completion_logprobs(model, mb, self.settings.temperature)[0])
 
     @torch.no_grad()
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                       temperature: float = 1.0) -> list[torch.Tensor]:
         """Per-token entropy (nats) of softmax(logits / temperature) at each completion
         token's position, one unpadded tensor per row (`reasonrl eval` / `probe`)."""
-        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
-                                     self.optim.share_prompt):
-            _, entropy = completion_logprobs(self.model, mb.to(self.device), temperature, with_entropy=True)
-            for j, i in enumerate(mb.rows):
-                out[i] = entropy[j, : len(completion_ids[i])].clone()
-        return out
+        return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device,
+                       lambda mb: completion_logprobs(self.model, mb, temperature, with_entropy=True)[1])
 
     @torch.no_grad()
     def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
@@ -306,17 +307,13 @@ class PolicyWorker:
         a critic's token rewards)."""
         if self.ref_model is None:
             raise RuntimeError("token_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
-        out: list[torch.Tensor] = [torch.zeros(0)] * len(prompt_ids)
-        for mb in make_micro_batches(prompt_ids, completion_ids, self.optim.micro_batch_size, self.pad_id,
-                                     self.optim.share_prompt):
-            mb = mb.to(self.device)
-            with torch.no_grad():
-                logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
-                ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
-            kl = kl_estimate(logp, ref, self.algo.kl_estimator).cpu()
-            for j, i in enumerate(mb.rows):
-                out[i] = kl[j, : len(completion_ids[i])].clone()
-        return out
+
+        def kl(mb: MicroBatch) -> torch.Tensor:
+            logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
+            ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
+            return kl_estimate(logp, ref, self.algo.kl_estimator).cpu()
+
+        return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device, kl)
 
     # ---- the updates of one training step ----------------------------------------------
 
