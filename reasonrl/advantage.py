@@ -38,8 +38,9 @@ def padded(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Te
 def estimate_advantages(batch: StepBatch, cfg: Config, policy, critic,
                         trainable: torch.Tensor) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
     """(advantages [N] or [N, T], the critic's batch (critic estimators) or None, metrics).
-    With KL in the reward (`algo.beta` > 0, `algo.kl_in=reward`) `batch.rewards` becomes the
-    KL-penalised sequence reward (its mean KL is `train/kl_in_reward`)."""
+    With KL in the reward (`algo.beta` > 0, `algo.kl_in=reward`) the group estimators see the
+    KL-penalised sequence reward and GAE the per-token KL in its token rewards (the mean summed
+    KL is `train/kl_in_reward`); `batch` is not changed."""
     algo, rollouts = cfg.algo, batch.rollouts
     kl_rows = None
     metrics: dict[str, float] = {}
@@ -48,13 +49,13 @@ def estimate_advantages(batch: StepBatch, cfg: Config, policy, critic,
         # the model's tokens only: an episode's environment tokens are context, not actions
         kl_rows = [k * torch.tensor(m, dtype=k.dtype)
                    for k, m in zip(kl_rows, rollouts.token_mask, strict=True)]
-        seq_kl = torch.stack([k.sum() for k in kl_rows])
-        # per completion: the [N] sums as [N, 1] "tokens" (a 1-D mask would sum over rows)
-        ones = torch.ones(len(seq_kl), 1)
-        batch.rewards = kl_penalised_rewards(batch.rewards, seq_kl[:, None], ones, algo.beta)
-        metrics["train/kl_in_reward"] = seq_kl.mean().item()
+        metrics["train/kl_in_reward"] = torch.stack([k.sum() for k in kl_rows]).mean().item()
     if not ADVANTAGES[algo.advantage].info.get("critic"):
-        return group_advantages(batch.rewards, rollouts.group, algo.advantage, algo.std_eps), None, metrics
+        rewards = batch.rewards
+        if kl_rows is not None:
+            kl, mask = padded(kl_rows, max(len(k) for k in kl_rows))
+            rewards = kl_penalised_rewards(rewards, kl, mask, algo.beta)
+        return group_advantages(rewards, rollouts.group, algo.advantage, algo.std_eps), None, metrics
     values = critic.values(rollouts.prompt_ids, rollouts.completion_ids)
     # GAE runs over each row's model tokens in order (an episode's environment tokens are not
     # actions: the state after a turn's last token is the next turn's first), then goes back to
@@ -63,9 +64,7 @@ def estimate_advantages(batch: StepBatch, cfg: Config, policy, critic,
     width = max(max(len(p) for p in picks), 1)
     values_t, mask = padded([v[p] for v, p in zip(values, picks, strict=True)], width)
     kl_t = None if kl_rows is None else padded([k[p] for k, p in zip(kl_rows, picks, strict=True)], width)[0]
-    # the KL is in the token rewards: the sequence reward without it is the task's shaped score
-    scores = batch.rewards + (algo.beta * seq_kl if kl_rows is not None else 0.0)
-    rewards_t = token_rewards(scores, mask, kl_t, algo.beta)
+    rewards_t = token_rewards(batch.rewards, mask, kl_t, algo.beta)  # the task's score at the last token
     advantages, returns = gae(rewards_t, values_t, mask, algo.gamma, algo.lam)
     valid = mask * trainable[:, None].float()
     metrics.update(critic_metrics(values_t, returns, advantages, valid))
