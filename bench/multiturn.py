@@ -88,7 +88,7 @@ def main() -> None:
         model(input_ids=ids[:, L - k:], attention_mask=mask, use_cache=True, past_key_values=cache)
         cache.crop(-k)  # back to the prefix for the next repeat
 
-    lean = path in ("lean", "lean_mkl")
+    lean = path in accel.KV_REUSE
     past: list = []
     if lean:
         with accel.decoder(model, L - k, 1, path) as d:  # the turn before: L - k tokens in its cache

@@ -12,10 +12,10 @@ A transformers upgrade breaks at most this subpackage; its tests are tests/test_
 """
 
 from reasonrl.accel.calibrate import choose
-from reasonrl.accel.decode import DECODERS, Decoder, decoder, unavailable
+from reasonrl.accel.decode import DECODERS, KV_REUSE, CachingDecoder, Decoder, decoder, unavailable
 from reasonrl.accel.kernels import recompute_norm_outputs
 from reasonrl.accel.memory import release_free_memory
 from reasonrl.accel.training import TrainingAccel, fused_adam_ok
 
-__all__ = ["DECODERS", "Decoder", "TrainingAccel", "choose", "decoder", "fused_adam_ok",
-           "recompute_norm_outputs", "release_free_memory", "unavailable"]
+__all__ = ["DECODERS", "KV_REUSE", "CachingDecoder", "Decoder", "TrainingAccel", "choose", "decoder",
+           "fused_adam_ok", "recompute_norm_outputs", "release_free_memory", "unavailable"]

@@ -28,6 +28,7 @@ from reasonrl.accel.modules import ModulesDecoder, transposed_linear_weights
 
 DECODERS = ("auto", "lean_mkl", "lean", "modules")
 FALLBACK = {"lean_mkl": "lean", "lean": "modules"}
+KV_REUSE = ("lean_mkl", "lean")  # the decoders with `rows_cache` / `prefill_cached`
 
 
 class Decoder(Protocol):
@@ -40,6 +41,15 @@ class Decoder(Protocol):
     def select(self, rows: torch.Tensor) -> None: ...
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class CachingDecoder(Decoder, Protocol):
+    """A decoder (`KV_REUSE`) whose rows' KV caches can be taken out and prefilled after."""
+
+    def rows_cache(self, rows: torch.Tensor) -> list[torch.Tensor]: ...
+
+    def prefill_cached(self, past: list[torch.Tensor], ids: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor: ...
 
 
 def _device(model) -> torch.device:

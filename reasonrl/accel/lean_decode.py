@@ -174,6 +174,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
+def _causal_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[G, S, S] bool from valid [G, S]: a query sees the earlier valid tokens and itself (a
+    padding query sees only itself, so its softmax stays finite)."""
+    s = valid.size(1)
+    causal = torch.ones(s, s, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(s, dtype=torch.bool, device=valid.device)
+    return (causal & valid[:, None, :]) | eye
+
+
 def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
     """Row indices grouped by similar length, longest first: a group grows while padding
     every row to its longest stays within `waste` x the group's real tokens. Batching
@@ -266,25 +275,27 @@ class LeanLlama:
                        end: int) -> torch.Tensor:
         """Prompts `rows`, left-padded to their own width: their keys and values go to cache
         columns [end - width, end); returns the last position's logits."""
-        g, w = ids.shape
+        w = ids.size(1)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        attn_mask = None  # no padding: plain causal attention
-        if not bool(mask.all()):
-            valid = mask.bool()
-            causal = torch.ones(w, w, dtype=torch.bool, device=ids.device).tril()
-            # a query sees earlier real tokens, and itself (padding rows see only themselves: finite)
-            eye = torch.eye(w, dtype=torch.bool, device=ids.device)
-            attn_mask = ((causal & valid[:, None, :]) | eye)[:, None]
+        attn_mask = None if bool(mask.all()) else _causal_mask(mask.bool())[:, None]  # None: plain causal
+        return self._new_tokens(ids, positions, attn_mask, rows, end - w, end, past=False)
+
+    def _new_tokens(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None,
+                    rows, start: int, end: int, past: bool) -> torch.Tensor:
+        """The layers over new tokens `ids` [G, S] of cache `rows` (an index or a slice): their
+        keys and values go to cache columns [start, end); they attend to each other alone, or
+        with `past` to the cache's columns [0, end). Returns the logits at the last column."""
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
-            q, k, v = self._split(qkv)
+            q, k, v = self._split(layer.qkv(_rms_norm(x, layer.norm1, layer.eps1)))
             q, k = self._rope(q, positions), self._rope(k, positions)
-            self.cache[i, 0, rows, :, end - w: end] = k
-            self.cache[i, 1, rows, :, end - w: end] = v
+            self.cache[i, 0, rows, :, start: end] = k
+            self.cache[i, 1, rows, :, start: end] = v
+            if past:
+                k, v = self.cache[i, 0, rows, :, :end], self.cache[i, 1, rows, :, :end]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
                                                  scale=layer.scaling, enable_gqa=self.heads != self.kv_heads)
-            x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(g, w, -1), x))
+            x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(*ids.shape, -1), x))
         return self._head(x[:, -1])
 
     def rows_cache(self, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -303,40 +314,23 @@ class LeanLlama:
         token. Layout: the pasts fill columns [C - n_i, C) (C = the longest past), the new
         tokens [C, C + S); the padding between is masked, and positions continue from n_i."""
         p, s = ids.shape
-        c = max(kv.size(3) for kv in past)
-        width = c + s
-        if width > self.max_len:
-            raise ValueError(f"{width} cached and new tokens exceed the decode length {self.max_len}")
+        done = torch.tensor([kv.size(3) for kv in past], device=ids.device)
+        c = int(done.max())
+        if c + s > self.max_len:
+            raise ValueError(f"{c + s} cached and new tokens exceed the decode length {self.max_len}")
         shape = (len(self.layers), 2, p, self.kv_heads, self.max_len, self.head_dim)
         self.cache = self.embed.new_zeros(shape)
-        self.key_ok = torch.ones(p, 1, 1, self.max_len, dtype=torch.bool, device=ids.device)
-        self.key_ok[:, 0, 0, :c] = False
         for i, kv in enumerate(past):
-            n = kv.size(3)
-            self.cache[:, :, i, :, c - n: c] = kv
-            self.key_ok[i, 0, 0, c - n: c] = True
-        valid = mask.bool()
-        self.key_ok[:, 0, 0, c: width] = valid
-        done = torch.tensor([kv.size(3) for kv in past], device=ids.device)
+            self.cache[:, :, i, :, c - kv.size(3): c] = kv
+        self.key_ok = torch.ones(p, 1, 1, self.max_len, dtype=torch.bool, device=ids.device)
+        self.key_ok[:, 0, 0, :c] = torch.arange(c, device=ids.device) >= (c - done)[:, None]
+        self.key_ok[:, 0, 0, c: c + s] = mask.bool()
         positions = done[:, None] + (mask.cumsum(1) - 1).clamp(min=0)
-        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
-        eye = torch.eye(s, dtype=torch.bool, device=ids.device)  # a padding query sees itself: finite
-        own = (causal & valid[:, None, :]) | eye  # [P, S, S]
-        attn_mask = torch.cat([self.key_ok[:, 0, :, :c].expand(p, s, c), own], dim=2)[:, None]
-        x = F.embedding(ids, self.embed)
-        for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
-            q, k, v = self._split(qkv)
-            q, k = self._rope(q, positions), self._rope(k, positions)
-            self.cache[i, 0, :, :, c: width] = k
-            self.cache[i, 1, :, :, c: width] = v
-            keys, values = self.cache[i, 0, :, :, :width], self.cache[i, 1, :, :, :width]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=layer.scaling,
-                                                 enable_gqa=self.heads != self.kv_heads)
-            x = self._mlp(layer, layer.o(out.transpose(1, 2).reshape(p, s, -1), x))
-        self.length = width
+        attn_mask = torch.cat([self.key_ok[:, 0, :, :c].expand(p, s, c), _causal_mask(mask.bool())], dim=2)
+        logits = self._new_tokens(ids, positions, attn_mask[:, None], slice(None), c, c + s, past=True)
+        self.length = c + s
         self.positions = done + mask.sum(1)
-        return self._head(x[:, -1])
+        return logits
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).chunk(2, -1)

@@ -4,8 +4,9 @@ All episodes of a batch advance turn by turn:
 
 1. the engine samples a turn for every episode still going. Turn 1 is the engine call of a
    single-turn rollout: `n` samples of each prompt, from the prompt's seed. A later turn is one
-   sample of each episode's trajectory so far, sent again as the prompt (the HF engine
-   re-prefills it, vLLM's prefix cache reuses its KV blocks), from `turn_seed` (the prompt's
+   sample of each episode's trajectory so far, sent again as the prompt (inside the engine's
+   `session`: the HF engine prefills only what follows the KV cache it kept, vLLM's prefix
+   cache reuses its KV blocks), from `turn_seed` (the prompt's
    seed, the sample and the turn: an episode never depends on the batch it is in);
 2. the turn's ids are appended exactly as the engine sampled them (mask 1; they are never
    decoded and re-encoded) and decoded once, for the environment and the logs;

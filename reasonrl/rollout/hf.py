@@ -135,8 +135,10 @@ class HFEngine:
         device = next(self.model.parameters()).device
         samples = 1 if params.greedy else params.n
         self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
-        keep = self.kept is not None and self.last_path in ("lean", "lean_mkl")
+        keep = self.kept is not None and self.last_path in accel.KV_REUSE
         past, new_ids = self._reuse(prompt_ids) if keep and samples == 1 else (None, prompt_ids)
+        if keep:
+            self.kept = {}  # what is not reused now never will be: free it before decoding
         self.reused_tokens = 0 if past is None else sum(kv.size(3) for kv in past)
         width = max(len(p) for p in new_ids)
         # Left padding: every prompt ends at the same column, so decoding steps are batched.
