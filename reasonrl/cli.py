@@ -199,8 +199,6 @@ def _eval_settings(args: argparse.Namespace, probe: bool):
     base = (r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens) if probe else (
         ev.n, ev.temperature, ev.top_p, ev.top_k, ev.max_new_tokens)
     n = args.n if args.n is not None else (1 if args.greedy else base[0])
-    if args.greedy and n != 1:
-        raise ConfigError(f"--greedy: greedy samples of a prompt are identical; use --n 1, got {n}")
     if args.greedy:
         temperature = 0.0
     elif args.temperature is not None:
@@ -219,8 +217,6 @@ def _eval_settings(args: argparse.Namespace, probe: bool):
                          top_p=args.top_p if args.top_p is not None else base[2],
                          top_k=args.top_k if args.top_k is not None else base[3],
                          max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else base[4])
-    if temperature < 0:
-        raise ConfigError(f"--temperature: must be > 0 (0: greedy), got {temperature}")
     options = dict(limit=args.limit, batch_size=args.batch_size, entropy=not args.no_entropy,
                    progress=not args.no_progress, record_overrides=not probe)
     settings = eval_settings(dataclasses.replace(cfg, eval=section), **options)

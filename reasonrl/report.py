@@ -469,9 +469,8 @@ def _time_figure(runs: list[Run]) -> str:
         return ('<figure class="plot wide" id="plot-time" data-logged="false"><div class="not-logged">'
                 '<b>Seconds per stage</b><span>not logged</span></div></figure>')
     return ('<figure class="plot wide" id="plot-time" data-logged="true"><img alt="Seconds per stage" '
-            f'src="data:image/png;base64,{image}"><figcaption>time/rollout, time/reward, time/advantage, '
-            'time/update, time/critic, time/sync, time/eval; other = time/step minus the named stages'
-            '</figcaption></figure>')
+            f'src="data:image/png;base64,{image}"><figcaption>{", ".join(f"time/{s}" for s in STAGES)}; '
+            'other = time/step minus the named stages</figcaption></figure>')
 
 
 def _summary_html(runs: list[Run]) -> str:

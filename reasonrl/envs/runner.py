@@ -24,7 +24,6 @@ class Outcome:
     value: Any = None
     error: str | None = None  # "ValueError: ..." when it raised, or the timeout
     timed_out: bool = False
-    seconds: float = 0.0
 
 
 def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int) -> list[Outcome]:
@@ -55,10 +54,9 @@ def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int) 
             outcome = Outcome(value=calls[i]())
         except BaseException as err:  # whatever user code raises (SystemExit too) becomes an answer
             outcome = Outcome(error=f"{type(err).__name__}: {err}")
-        seconds = time.monotonic() - started[i]
         with changed:
             if results[i] is None:  # not already answered as timed out
-                results[i] = Outcome(outcome.value, outcome.error, False, seconds)
+                results[i] = outcome
         release(i)
 
     for i in range(n):
@@ -71,11 +69,8 @@ def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int) 
                 if results[i] is None and started[i] is not None:
                     left = started[i] + timeout - now
                     if left <= 0:
-                        results[i] = Outcome(error=f"timed out after {timeout:g} s", timed_out=True,
-                                             seconds=now - started[i])
-                        if not released[i]:
-                            released[i] = True
-                            slots.release()
+                        results[i] = Outcome(error=f"timed out after {timeout:g} s", timed_out=True)
+                        release(i)  # its slot goes to the next call (the condition's lock is re-entrant)
                     else:
                         waits.append(left)
             if all(r is not None for r in results):

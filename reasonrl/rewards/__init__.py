@@ -231,20 +231,11 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
 
 @dataclass
 class _Options:
-    """The RewardConfig fields `make_verifier` reads, for callers without a config."""
+    """The RewardConfig fields `make_verifier("numeric", ...)` reads, for callers without a config."""
 
     fallback_last_number: bool = True
-    fn: str = ""
-    task: str = "auto"
-    isolate_fn: bool = True
     timeout: float = 5.0
     num_workers: int = 2
-    countdown_format_score: float = 0.1
-    countdown_rule: str = "subset"
-    piecewise_rule: str = "partial_credit"
-    batch_fn: str = ""
-    combine: str = "sum"
-    gate: tuple[str, ...] = ()
 
 
 def gate_of(cfg) -> tuple[str, ...]:
@@ -297,7 +288,7 @@ def check_examples(examples: list, cfg) -> None:
     """
 
     for key, target, check in (("reward.fn", cfg.fn, check_signature),
-                               ("reward.batch_fn", getattr(cfg, "batch_fn", ""), check_batch_signature)):
+                               ("reward.batch_fn", cfg.batch_fn, check_batch_signature)):
         if target:
             try:
                 check(load_target(target), target)

@@ -86,7 +86,7 @@ def make_verifier(task: str, cfg) -> Verifier:
 
 def verifier_for(data_source: str, cfg) -> Verifier:
     """reward.batch_fn > reward.fn > reward.task > the data_source (reward.task=auto)."""
-    if getattr(cfg, "batch_fn", ""):
+    if cfg.batch_fn:
         return Verifier("batch", cfg.batch_fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers, batch=True)
     if cfg.fn:
         return make_verifier("custom", cfg)

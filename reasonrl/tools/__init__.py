@@ -4,7 +4,8 @@
   namespaces where they work here and with resource limits otherwise (`sandbox_plan` says
   which, and why); `Limits` and the `Observation` a call returns.
 - `base.py`: `call_tool(name, arguments, limits, stats)`, the one way to call a tool (never
-  raises), and `ToolStats`, the counts behind the `env/tool_*` metrics.
+  raises), and `ToolStats`, counts of calls for a caller that wants them (a custom
+  environment, a script; the episode loop counts its own calls for the `env/tool_*` metrics).
 - `calculator.py`, `python_tool.py`: the tools, registered in `reasonrl.registry.TOOLS`.
 
 The tools know nothing of models or tokenizers: environments (above them) turn a model's

@@ -51,7 +51,8 @@ def text_argument(arguments: Any, key: str, *, max_chars: int) -> str:
 
 @dataclass
 class ToolStats:
-    """Counts of tool calls, thread-safe: what `env/tool_*` metrics report. `errors` counts
+    """Counts of tool calls, thread-safe, for a caller that wants them (the episode loop counts
+    its own for the `env/tool_*` metrics, per episode). `errors` counts
     every call that came back with an error, timeouts included; `timeouts` those the
     wall-clock limit ended."""
 
