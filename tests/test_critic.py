@@ -105,6 +105,12 @@ def test_value_clipping_keeps_the_update_near_the_old_values(tiny):
     assert clipped.all() and loss.tolist() == pytest.approx([0.5 * 4.5 ** 2] * 10)  # V_clip = 0.5
     m = w.train_step(CriticBatch(PROMPTS, COMPLETIONS, returns, old))
     assert m["critic/vf_clipfrac"] == 0.0  # V = old V at the first update: nothing clipped yet
+    # V a whole unit above the old values (clip range 0.5) and below the targets: the clipped
+    # term is the larger on every token and has no gradient, so the worker's step has none
+    current = w.values(PROMPTS, COMPLETIONS)
+    targets, olds = [v + 5.0 for v in current], [v - 1.0 for v in current]
+    m = w.train_step(CriticBatch(PROMPTS, COMPLETIONS, targets, olds))
+    assert m["critic/vf_clipfrac"] == 1.0 and m["critic/grad_norm"] == 0.0
 
 
 # ---- config and trainer ----------------------------------------------------------------------
@@ -145,7 +151,7 @@ def test_ppo_trains_the_critic_and_the_policy(tmp_path):
         assert m["train/updates"] == 1 and m["critic/updates"] == 1
         assert m["advantage/mean"] == pytest.approx(0.0, abs=1e-5)  # whitened over the batch's tokens
         assert m["advantage/std"] == pytest.approx(1.0, rel=1e-3)
-        assert -1.0 <= m["critic/vf_clipfrac"] <= 1.0 and m["time/critic"] > 0
+        assert 0.0 <= m["critic/vf_clipfrac"] <= 1.0 and m["time/critic"] > 0
     assert rows[0]["critic/value_mean"] == 0.0 and rows[-1]["critic/value_mean"] != 0.0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.model.parameters(), strict=True))
 

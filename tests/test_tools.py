@@ -277,6 +277,13 @@ def test_memory_bomb(mode):
     assert obs.error == "exit code 1: MemoryError" and not obs.timed_out and stats.errors == 1
 
 
+def test_a_file_past_the_size_limit_is_refused(mode):
+    """`Limits.file_mb` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG)."""
+    obs, stats = hostile(mode, "open('big', 'wb').write(b'x' * (4 << 20))", file_mb=1)
+    assert obs.error.startswith("exit code 1: OSError") and "File too large" in obs.error
+    assert not obs.timed_out and stats.errors == 1
+
+
 def test_infinite_loop(mode):
     obs, _ = hostile(mode, "while True:\n    pass")
     assert obs.timed_out and obs.exit_code == -signal.SIGKILL and TIMEOUT <= obs.seconds < TIMEOUT + 1
