@@ -167,14 +167,20 @@ def test_gradient_is_invariant_per_optimizer_step_with_mini_batches_and_epochs(
 
 def test_mini_batch_invariance_with_kl_entropy_and_dual_clip(base_model):
     """The precomputed reference log-probs (several updates) are laid out per micro-batch right."""
-    hyper = dict(ppo_epochs=2, mini_batches=2, sgd_lr=0.5, **EXTRAS)
+    m_full = assert_micro_batch_invariant(base_model, ppo_epochs=2, mini_batches=2, sgd_lr=0.5, **EXTRAS)
+    assert m_full["train/kl"] > 0
+
+
+def assert_micro_batch_invariant(base_model, **hyper) -> dict[str, float]:
+    """Every optimizer step's gradient, and train/kl, the same for micro-batch sizes 1 and 2 as
+    for 4 (the whole batch); the metrics of size 4."""
     full, m_full, _ = run_train_step(base_model, 4, **hyper)
     for size in (1, 2):
         steps, metrics, _ = run_train_step(base_model, size, **hyper)
         for k, (grads, expected) in enumerate(zip(steps, full, strict=True)):
             assert_grads_close(grads, expected, f"micro_batch_size={size}, optimizer step {k}")
         assert metrics["train/kl"] == pytest.approx(m_full["train/kl"], rel=1e-4)
-    assert m_full["train/kl"] > 0
+    return m_full
 
 
 def hand_written_objective(model, loss_agg, advantages=ADVANTAGES, max_len=8, old=None, clip=0.2,
@@ -490,13 +496,8 @@ def test_multi_turn_invariance_with_kl_entropy_epochs_and_mini_batches(base_mode
     """KL in the loss, the entropy bonus, 2 epochs x 2 mini-batches: every optimizer step's
     gradient is the same for micro-batch sizes 1, 2 and 4, masks included; an all-ones mask is
     no mask at all (bitwise)."""
-    hyper = dict(ppo_epochs=2, mini_batches=2, sgd_lr=0.5, token_mask=TOKEN_MASKS, **EXTRAS)
-    full, m_full, _ = run_train_step(base_model, 4, **hyper)
-    for size in (1, 2):
-        steps, metrics, _ = run_train_step(base_model, size, **hyper)
-        for k, (grads, expected) in enumerate(zip(steps, full, strict=True)):
-            assert_grads_close(grads, expected, f"micro_batch_size={size}, optimizer step {k}")
-        assert metrics["train/kl"] == pytest.approx(m_full["train/kl"], rel=1e-4)
+    assert_micro_batch_invariant(base_model, ppo_epochs=2, mini_batches=2, sgd_lr=0.5, token_mask=TOKEN_MASKS,
+                                 **EXTRAS)
     ones = [[1] * len(c) for c in COMPLETIONS]
     (a,), ma, _ = run_train_step(base_model, 2, loss_agg="token")
     (b,), mb, _ = run_train_step(base_model, 2, loss_agg="token", token_mask=ones)
