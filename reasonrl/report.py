@@ -543,6 +543,8 @@ def _samples_html(run: Run) -> str:
             components = s.get("components") or {}
             comp = ", ".join(f"{k}={_fmt(v)}" for k, v in components.items()) \
                 if isinstance(components, dict) else str(components)
+            if s.get("reward_error"):  # the reward function failed on this sample (scored 0)
+                comp += f" (reward failed: {s['reward_error']})"
             body += ("<tr>"
                      f'<td><div class="text">{_e(s.get("prompt", ""))}</div></td>'
                      f'<td>{_e(s.get("ground_truth", ""))}</td>'

@@ -29,6 +29,7 @@ from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
+from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
 from reasonrl.run import RunDir, StopSignals
@@ -92,7 +93,9 @@ class Trainer:
         self.sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens)
         self.step_count = 0
-        self.bad_steps = 0  # steps in a row with a non-finite loss or gradient
+        self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
+        self.bad_reason = ""  # what made the last bad step bad
+        self.reward_failures = FailureLog()
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
         self.stop = StopSignals(lambda: f"step {self.step_count + 1}")  # SIGINT/SIGTERM during `fit`
         if self.run.checkpoint is not None:
@@ -198,24 +201,35 @@ class Trainer:
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,
                              self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last, self.critic)
 
-    def count_bad_step(self, metrics: dict[str, float]) -> None:
-        """A step whose policy or critic update met a non-finite loss or gradient (skipped)."""
-        bad = (metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
-               or metrics.get("critic/updates", 0) > 0 and metrics.get("critic/skipped_update", 0) > 0)
+    def report_reward_failures(self, failures: list[str | None] | None) -> None:
+        """Each kind of reward failure printed once, with its message (then only counted)."""
+        for message in self.reward_failures.new(failures):
+            print(f"[reasonrl] step {self.step_count}: a reward failed and scored 0: {message} (first of "
+                  "its kind; later ones are counted in reward/errors, reward/timeouts)", file=sys.stderr,
+                  flush=True)
+
+    def count_bad_step(self, metrics: dict[str, float], failures: list[str | None] | None) -> None:
+        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped),
+        or every reward call failed (`failures`: the rows' reward failures)."""
+        nonfinite = (metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
+                     or metrics.get("critic/updates", 0) > 0 and metrics.get("critic/skipped_update", 0) > 0)
+        no_reward = bool(failures) and all(f is not None for f in failures)
+        bad = nonfinite or no_reward
         self.bad_steps = self.bad_steps + 1 if bad else 0
         metrics["train/bad_steps"] = float(self.bad_steps)
         if bad:
-            print(f"[reasonrl] step {self.step_count}: non-finite loss or gradient, update skipped "
-                  f"({self.bad_steps} in a row; abort at {self.cfg.trainer.max_bad_steps})",
-                  file=sys.stderr, flush=True)
+            self.bad_reason = ("non-finite loss or gradient, update skipped" if nonfinite else
+                               f"every reward call failed, e.g. {failures[0]}")
+            print(f"[reasonrl] step {self.step_count}: {self.bad_reason} ({self.bad_steps} in a row; abort "
+                  f"at {self.cfg.trainer.max_bad_steps})", file=sys.stderr, flush=True)
 
     def abort_if_stuck(self) -> None:
         """`trainer.max_bad_steps` bad steps in a row (logged first) end the run."""
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
             raise TrainingAborted(
-                f"{self.bad_steps} steps in a row (to step {self.step_count}) had a non-finite loss or "
-                f"gradient; stopping. Lower optim.lr or check the rewards; the last good checkpoint is "
-                f"{self.run.latest() or 'none'}")
+                f"{self.bad_steps} bad steps in a row (to step {self.step_count}), the last: "
+                f"{self.bad_reason}; stopping. Lower optim.lr or check the rewards; the last good "
+                f"checkpoint is {self.run.latest() or 'none'}")
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety
@@ -227,6 +241,10 @@ class Trainer:
                  "components": {k: v[i].item() for k, v in scores.components.items()},
                  "advantage": row_advantage(advantages, i, rollouts.token_mask[i]),
                  "truncated": bool(rollouts.truncated[i])} for i in picks]
+        if scores.failures:  # why a reward scored 0 without a verdict
+            for row, i in zip(rows, picks, strict=True):
+                if scores.failures[i] is not None:
+                    row["reward_error"] = scores.failures[i]
         if rollouts.environment:  # multi-turn: each turn (model, tool call, observation) for the report
             for row, i in zip(rows, picks, strict=True):
                 row["turns"] = [dataclasses.asdict(turn) for turn in rollouts.turns[i]]
@@ -258,7 +276,8 @@ class Trainer:
     def train_and_log(self, tracker: Tracker, eval_after: dict[str, float]) -> tuple[dict, dict]:
         """One step, its bad-step check, the held-out eval when due; all logged."""
         metrics, batch, advantages = self.step()
-        self.count_bad_step(metrics)
+        self.report_reward_failures(batch.scores.failures)
+        self.count_bad_step(metrics, batch.scores.failures)
         every = self.cfg.trainer.eval_every
         if (every and self.step_count % every == 0) or self.step_count == self.cfg.trainer.steps:
             eval_after = self.evaluate()

@@ -20,10 +20,12 @@ from reasonrl.rewards import (
     check_examples,
     score,
     score_examples,
+    score_rollouts,
     task_for_source,
     verifier_for,
 )
 from reasonrl.rewards.countdown import countdown_reward, evaluate_equation, parse_countdown_truth
+from reasonrl.rewards.failures import FailureLog
 from reasonrl.rewards.gsm8k import extract_gsm8k_answer, gsm8k_reward
 from reasonrl.rewards.math_equiv import check_math_truth, math_reward
 from reasonrl.rewards.piecewise import WEIGHTS, piecewise_reward, transparent_grpo_rule
@@ -551,3 +553,33 @@ def test_every_reference_solution_scores_one():
              for e, s in zip(examples, result.total, strict=True) if s != 1.0]
     assert not wrong
     assert result.timeouts == 0 and result.errors == 0
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_reward_that_calls_sys_exit_scores_zero_and_is_named(isolate):
+    """In the trainer's own process (reward.isolate_fn=false) SystemExit used to end the run
+    with exit code 2 and no message; now it is one more counted failure, named."""
+    examples = examples_for(["1"] * 3)
+    result = score_examples(["ok", "quit", "ok"], examples, custom_cfg("quitter", isolate_fn=isolate))
+    assert result.components["correct"] == [1.0, 0.0, 1.0] and result.errors == 1
+    assert ("called sys.exit(2)" if not isolate else "exit") in result.failures[1]
+    batch = RewardConfig(batch_fn=f"{BATCH}:quitting", isolate_fn=isolate)
+    result = score_examples(["a", "b"], examples_for(["1"] * 2), batch, groups=[0, 1])
+    assert result.total == [0.0, 0.0] and result.errors == 2
+
+
+def test_score_rollouts_names_the_function_of_each_failure():
+    cfg = custom_cfg("flaky", isolate_fn=False)
+    scores = score_rollouts(["ok", "boom"], examples_for(["1", "1"]), cfg)
+    assert scores.failures == [None, f"reward.fn {CUSTOM}:flaky: RuntimeError: flaky reward exploded"]
+    scores = score_rollouts(["ok", "hang"], examples_for(["1", "1"]), custom_cfg("sleepy", timeout=0.3))
+    assert scores.failures == [None, f"reward.fn {CUSTOM}:sleepy: timed out (reward.timeout: 0.3 s)"]
+
+
+def test_each_kind_of_reward_failure_is_reported_once():
+    log = FailureLog()
+    f = "reward.fn m.py:f"
+    assert log.new([None, f"{f}: KeyError: 'a'", f"{f}: KeyError: 'b'", f"{f}: timed out (5 s)"]) == [
+        f"{f}: KeyError: 'a'", f"{f}: timed out (5 s)"]
+    assert log.new([f"{f}: KeyError: 'c'", f"{f}: called sys.exit(2)", None]) == [f"{f}: called sys.exit(2)"]
+    assert log.new(None) == [] and log.new([f"{f}: timed out (5 s)"]) == []

@@ -25,6 +25,7 @@ from reasonrl.rewards.extract import (
     extract_boxed,
     extract_last_number,
 )
+from reasonrl.rewards.failures import describe_exception, describe_verifier
 from reasonrl.rewards.format import (
     answer_present_reward,
     boxed_format_reward,
@@ -95,8 +96,8 @@ def _run_batch(verifier: Verifier, rows: list[int], completions: list[str], grou
         except GroundTruthError as err:
             err.index = None
             raise
-        except Exception as err:
-            failure = f"{type(err).__name__}: {err}"
+        except (Exception, SystemExit) as err:
+            failure = describe_exception(err)
     if failure is None:
         try:
             if not isinstance(value, (list, tuple)) or len(value) != len(rows):
@@ -142,9 +143,9 @@ def _run_verifiers(completions: list[str], ground_truths: list[str], verifiers: 
         except GroundTruthError as err:
             err.index = i
             raise
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             result.errors += 1
-            result.failures[i] = f"{type(err).__name__}: {err}"
+            result.failures[i] = describe_exception(err)
     for (timeout, workers), idx in remote.items():
         calls = [Call(verifiers[i].target, completions[i], ground_truths[i], extra_infos[i],
                       dict(verifiers[i].options)) for i in idx]
@@ -357,9 +358,16 @@ __all__ = [
 
 def score_rollouts(texts: list[str], examples: list, cfg, always_correct: bool = False,
                    groups: list[int] | None = None):
-    """`score_examples` packed as the `Scores` batch record (tensors aligned with the rollouts)."""
+    """`score_examples` packed as the `Scores` batch record (tensors aligned with the rollouts);
+    each failed sample's `failures` entry names the reward function and what went wrong."""
     result = score_examples(texts, examples, cfg, always_correct, groups)
+    failures: list[str | None] = [None] * len(texts)
+    for i, why in result.failures.items():
+        if why == "timeout":
+            limit = cfg.timeout * (len(texts) if cfg.batch_fn else 1)
+            why = f"timed out (reward.timeout: {limit:g} s)"
+        failures[i] = f"{describe_verifier(verifier_for(examples[i].data_source, cfg))}: {why}"
     return Scores(total=torch.tensor(result.total, dtype=torch.float32),
                   components={k: torch.tensor(v, dtype=torch.float32)
                               for k, v in result.components.items()},
-                  errors=result.errors, timeouts=result.timeouts)
+                  errors=result.errors, timeouts=result.timeouts, failures=failures)
