@@ -24,6 +24,7 @@ from reasonrl.errors import (
     MissingExtraError,
     ModelLoadError,
     PlacementError,
+    ReasonRLError,
     ReportError,
 )
 from reasonrl.registry import VERIFIERS
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {err}", file=sys.stderr)
         return 2
     except (DataError, GroundTruthError, ModelLoadError, FileExistsError, ReportError,
-            MissingExtraError, PlacementError) as err:
+            MissingExtraError, PlacementError, ReasonRLError) as err:
         print(f"reasonrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,6 +10,29 @@ from __future__ import annotations
 from pathlib import Path
 
 
+class ReasonRLError(Exception):
+    """Base of the errors below that name a file or a resource, not a config key or data
+    line: a damaged checkpoint, a run directory in use, a full disk."""
+
+
+class CheckpointError(ReasonRLError):
+    """A checkpoint that cannot be trusted or read (its manifest disagrees, a file is
+    truncated or unreadable, its weights are not finite); the message names the file."""
+
+
+class NonFiniteWeights(CheckpointError):
+    """Weights with NaN or inf values, refused as a checkpoint (written or loaded)."""
+
+
+class RunLocked(ReasonRLError):
+    """Another process holds the run directory's lock; the message names it (pid, host)."""
+
+
+class StorageError(ReasonRLError):
+    """A checkpoint or the run directory could not be written for lack of space or
+    permission; the message names the path, and for space the bytes needed and free."""
+
+
 class ConfigError(ValueError):
     """A bad key or value in the configuration; the message names the key path."""
 
