@@ -4,9 +4,11 @@ Every key has a type, a default and, where it has one, its own constraint here, 
 `param(default, ge=..., choices=REGISTRY, ...)`. `load_config` rejects unknown keys (naming
 the nearest one), values of the wrong type, outside their range or not among the allowed
 values at start-up, naming the key's full path (e.g. `trainer.stepz`) and what is allowed,
-so a typo never surfaces an hour into a run. `validate` holds only the rules that involve
-several keys. The allowed values of a choice come from its registry (`reasonrl.registry`):
-the code that implements a choice is the one list of them.
+so a typo never surfaces an hour into a run. Every number is finite: a NaN or an infinity
+(YAML `.nan`, `.inf`) is refused in any float key, list item or mapping value, with the key's
+range. `validate` holds only the rules that involve several keys. The allowed values of a
+choice come from its registry (`reasonrl.registry`): the code that implements a choice is the
+one list of them.
 
 Checks that need more than the config (is an extra installed, can Ray place the workers)
 are the preflight of `reasonrl.placement`, run before any model loads.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -52,11 +55,12 @@ DEFAULT_SYSTEM_PROMPT = (
 
 def param(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
           lt: float | None = None, choices: Registry | None = None, also: tuple[str, ...] = (),
-          keys: Registry | tuple[str, ...] | None = None, noun: str = "key") -> Any:
-    """A config field with its own check: a range (`ge`/`gt`/`le`/`lt`), a value from a
-    registry (`choices`, plus the fixed values `also`), or mapping keys from a registry or
-    a tuple (`keys`; an unknown one is called an unknown `noun`)."""
-    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, keys=keys).items()
+          keys: Registry | tuple[str, ...] | None = None, noun: str = "key", zero: str | None = None) -> Any:
+    """A config field with its own check: a range (`ge`/`gt`/`le`/`lt`; a list's applies to each
+    item), a value from a registry (`choices`, plus the fixed values `also`), or mapping keys from
+    a registry or a tuple (`keys`; an unknown one is called an unknown `noun`). `zero` says what
+    0 means where it switches the option off ("no clipping"); the range's message says it too."""
+    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, keys=keys, zero=zero).items()
             if v is not None}
     meta.update(also=also, noun=noun)
     if isinstance(default, (list, dict)):
@@ -279,13 +283,13 @@ class AlgoConfig:
 @dataclass
 class OptimConfig:
     lr: float = param(1e-5, ge=0)
-    weight_decay: float = 0.0
-    betas: list[float] = param([0.9, 0.99])
-    eps: float = 1e-8
+    weight_decay: float = param(0.0, ge=0)
+    betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
+    eps: float = param(1e-8, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_ratio: float = param(0.0, ge=0, lt=1)
     min_lr_ratio: float = param(0.0, ge=0, le=1)
-    max_grad_norm: float = 1.0  # 0 = no clipping
+    max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
     micro_batch_size: int = param(8, ge=1)  # sequences per forward/backward; the gradient does not change
     # run each prompt once per micro-batch for all its completions (a GRPO group shares it):
     # same log-probs and gradient, fewer tokens through the model
@@ -308,7 +312,7 @@ class CriticConfig:
     path: str = ""  # "" = start from the policy's model (model.path); or another HF model folder
     lr: float = param(1e-5, gt=0)
     weight_decay: float = param(0.0, ge=0)
-    max_grad_norm: float = param(1.0, ge=0)  # 0 = no clipping
+    max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
     cliprange_value: float = param(0.5, ge=0)  # PPO's value clipping around the old values; 0 = off
     warmup_steps: int = param(0, ge=0)  # steps that train only the critic before the policy moves
     micro_batch_size: int = param(0, ge=0)  # 0 = optim.micro_batch_size
@@ -435,8 +439,10 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check `value` against the annotation `tp` and convert int->float; raise ConfigError."""
+def _coerce(value: Any, tp: Any, path: str, meta: Any = None) -> Any:
+    """Check `value` against the annotation `tp` and convert int->float; raise ConfigError.
+    A float must be finite; its message states the field's range from `meta` (a list's items
+    are checked with the list's range)."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -452,7 +458,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
-        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item_tp, f"{path}[{i}]", meta) for i, v in enumerate(value)]
     if origin is dict:
         key_tp, item_tp = typing.get_args(tp)
         if not isinstance(value, dict):
@@ -472,6 +478,10 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            bounds = _range_text(meta).removeprefix("must be ") if meta and _has_range(meta) else ""
+            rule = f"must be finite and {bounds}" if bounds else "must be a finite number"
+            raise ConfigError(f"{path}: {rule}, got {float(value)!r}")
         return float(value)
     if tp is str:
         if value is None:
@@ -482,12 +492,18 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"{path}: unsupported annotation {tp!r}")
 
 
+def _has_range(meta: Any) -> bool:
+    return any(k in meta for k in ("ge", "gt", "le", "lt"))
+
+
 def _range_text(meta: dict) -> str:
-    """"must be >= 1", "must be in (0, 1]" from a field's bounds."""
+    """"must be >= 1", "must be in (0, 1]", "must be > 0 (0 = no clipping)" from a field's bounds."""
     low = ("[", meta["ge"]) if "ge" in meta else ("(", meta["gt"]) if "gt" in meta else None
     high = (meta["le"], "]") if "le" in meta else (meta["lt"], ")") if "lt" in meta else None
     if low and high:
         return f"must be in {low[0]}{low[1]:g}, {high[0]:g}{high[1]}"
+    if "zero" in meta and low == ("[", 0):
+        return f"must be > 0, or 0 for {meta['zero']}"
     if low:
         return f"must be {'>=' if low[0] == '[' else '>'} {low[1]:g}"
     return f"must be {'<=' if high[1] == ']' else '<'} {high[0]:g}"
@@ -496,6 +512,10 @@ def _range_text(meta: dict) -> str:
 def _check(value: Any, meta: Any, path: str) -> None:
     """A field's own constraint (`param`): its range, its allowed values or mapping keys."""
     if not meta:
+        return
+    if isinstance(value, list) and _has_range(meta):  # a list's range holds for each item
+        for i, item in enumerate(value):
+            _check(item, meta, f"{path}[{i}]")
         return
     ok = all((("ge" not in meta or value >= meta["ge"]), ("gt" not in meta or value > meta["gt"]),
               ("le" not in meta or value <= meta["le"]), ("lt" not in meta or value < meta["lt"])))
@@ -531,7 +551,7 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown config key {full!r}{hint}; allowed keys"
                               f"{' in ' + path if path else ''}: {', '.join(fields)}")
-        kwargs[key] = _coerce(value, hints[key], full)
+        kwargs[key] = _coerce(value, hints[key], full, fields[key].metadata)
         _check(kwargs[key], fields[key].metadata, full)
     return cls(**kwargs)
 
@@ -767,6 +787,48 @@ def validate_env(cfg: Config) -> None:
         raise ConfigError(f"env.max_total_tokens: {e.max_total_tokens} is less than one model turn "
                           f"({e.max_turn_tokens or r.max_new_tokens} tokens); raise it or lower "
                           "env.max_turn_tokens")
+
+
+def after_prompt(cfg: Config, model_tokens: int, key: str) -> tuple[int, str, str]:
+    """(the most tokens a sequence holds after its prompt, how they add up, the keys that lower
+    them) when the model samples at most `model_tokens` (`key`): those alone in a single-turn
+    run; in a multi-turn one plus an observation of at most env.max_observation_tokens after each
+    turn but the last, capped by env.max_total_tokens (`reasonrl.rollout.episodes`)."""
+    e = cfg.env
+    if e.name == "none" and not e.fn:
+        return model_tokens, f"{key}={model_tokens}", key
+    tokens = model_tokens + (e.max_turns - 1) * e.max_observation_tokens
+    if e.max_total_tokens and e.max_total_tokens < tokens:
+        return e.max_total_tokens, f"env.max_total_tokens={e.max_total_tokens}", "env.max_total_tokens"
+    return (tokens, f"{key}={model_tokens} + (env.max_turns={e.max_turns} - 1) x "
+            f"env.max_observation_tokens={e.max_observation_tokens}",
+            f"{key}, env.max_observation_tokens or env.max_total_tokens")
+
+
+def check_context(cfg: Config, positions: int, source: str, model: str = "the model") -> None:
+    """ConfigError when the longest sequence the run can build is longer than `positions`,
+    `model`'s context (max_position_embeddings; `source` says where it was read), or than
+    rollout.vllm.max_model_len when that is set lower: data.max_prompt_tokens plus the tokens
+    after the prompt (`after_prompt`, for rollout.max_new_tokens and for eval.max_new_tokens).
+    A prompt longer than data.max_prompt_tokens is listed at start-up or cut to it
+    (data.truncate_prompts), so once this passes every prompt and its completion fit."""
+    r, d = cfg.rollout, cfg.data
+    limit, what = positions, f"{model}'s context of {positions} positions ({source})"
+    if r.engine == "vllm" and 0 < r.vllm.max_model_len < positions:
+        limit, what = r.vllm.max_model_len, f"rollout.vllm.max_model_len={r.vllm.max_model_len} ({what})"
+    budgets = [("rollout.max_new_tokens", r.max_new_tokens)]
+    if cfg.eval.max_new_tokens > r.max_new_tokens:  # the held-out evaluation samples longer
+        budgets.append(("eval.max_new_tokens", cfg.eval.max_new_tokens))
+    for key, model_tokens in budgets:
+        after, how, keys = after_prompt(cfg, model_tokens, key)
+        total = d.max_prompt_tokens + after
+        if total <= limit:
+            continue
+        room = limit - after
+        fix = (f"lower data.max_prompt_tokens to at most {room}, or {keys}" if room >= 1 else
+               f"the {after} tokens after the prompt alone leave no room for it: lower {keys}")
+        raise ConfigError(f"data.max_prompt_tokens={d.max_prompt_tokens} + {how} = {total} tokens, more "
+                          f"than {what}: {fix}")
 
 
 def to_dict(cfg: Config) -> dict:

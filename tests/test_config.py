@@ -245,6 +245,96 @@ def test_range_checks_name_their_key(override, key):
     assert re.match(re.escape(key) + r"(\[\d+\])?:", config_error(override))
 
 
+# ------------------------------------------------- numbers: finite, and the optimizer's ranges
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=.inf", "optim.lr: must be finite and >= 0, got inf"),
+    ("optim.lr=.nan", "optim.lr: must be finite and >= 0, got nan"),
+    ("optim.lr=-.inf", "optim.lr: must be finite and >= 0, got -inf"),
+    ("optim.weight_decay=-5", "optim.weight_decay: must be >= 0, got -5.0"),
+    ("optim.weight_decay=.nan", "optim.weight_decay: must be finite and >= 0, got nan"),
+    ("optim.betas=[2, -1]", "optim.betas[0]: must be in [0, 1), got 2.0"),
+    ("optim.betas=[0.9, -1]", "optim.betas[1]: must be in [0, 1), got -1.0"),
+    ("optim.betas=[0.9, 1]", "optim.betas[1]: must be in [0, 1), got 1.0"),
+    ("optim.betas=[.nan, 0.9]", "optim.betas[0]: must be finite and in [0, 1), got nan"),
+    ("optim.eps=-1e-8", "optim.eps: must be >= 0, got -1e-08"),
+    ("optim.max_grad_norm=.nan",
+     "optim.max_grad_norm: must be finite and > 0, or 0 for no clipping, got nan"),
+    ("optim.max_grad_norm=.inf",
+     "optim.max_grad_norm: must be finite and > 0, or 0 for no clipping, got inf"),
+    ("optim.max_grad_norm=-1", "optim.max_grad_norm: must be > 0, or 0 for no clipping, got -1.0"),
+    ("critic.max_grad_norm=-1", "critic.max_grad_norm: must be > 0, or 0 for no clipping, got -1.0"),
+    ("algo.entropy_coef=.nan", "algo.entropy_coef: must be a finite number, got nan"),
+    ("reward.weights={correct: .inf}", "reward.weights.correct: must be a finite number, got inf"),
+])
+def test_numbers_must_be_finite_and_in_their_range(override, message):
+    """NaN / inf were accepted (optim.lr=.inf died at step 1 as a WeightSyncError, a NaN or negative
+    max_grad_norm meant no clipping), bad weight decay and betas reached torch as tracebacks."""
+    assert config_error(override) == message
+
+
+def test_max_grad_norm_zero_still_means_no_clipping():
+    cfg = load_config(REPO_ROOT / "configs" / "recipes" / "transparent_grpo_piecewise.yaml")
+    assert cfg.optim.max_grad_norm == 0.0  # the recipe's "no gradient-norm clipping"
+    assert load_config(None, ["optim.max_grad_norm=0.5"]).optim.max_grad_norm == 0.5
+    assert load_config(None, ["optim.betas=[0, 0.999]", "optim.weight_decay=0.1"]).optim.betas == [0.0, 0.999]
+
+
+def _float_keys(cls: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(key path, kind) of every float in the config tree: a float key, a list of floats, a
+    mapping of floats (kind "float", "list", "dict")."""
+    import typing
+
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, path = hints[f.name], f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            out += _float_keys(tp, path + ".")
+        elif tp is float:
+            out.append((path, "float"))
+        elif typing.get_origin(tp) is list and typing.get_args(tp) == (float,):
+            out.append((path, "list"))
+        elif typing.get_origin(tp) is dict and typing.get_args(tp)[1] is float:
+            keys = f.metadata.get("keys")
+            out.append((path + "." + (keys.names()[0] if keys is not None else "name"), "dict"))
+    return out
+
+
+FLOAT_KEYS = _float_keys(Config)
+
+
+def test_the_walk_finds_every_section_s_floats():
+    keys = dict(FLOAT_KEYS)
+    assert len(keys) >= 40, keys
+    for key in ("optim.lr", "optim.betas", "reward.weights.correct", "placement.policy.resources.name",
+                "rollout.vllm.gpu_memory_utilization", "model.lora.alpha", "env.step_timeout", "critic.lr"):
+        assert key in keys
+
+
+@pytest.mark.parametrize("key, kind", FLOAT_KEYS)
+@pytest.mark.parametrize("bad", [".nan", ".inf", "-.inf"])
+def test_every_float_in_the_config_refuses_nan_and_inf(key, kind, bad):
+    if kind == "float":
+        override, named = f"{key}={bad}", key
+    elif kind == "list":
+        override, named = f"{key}=[{bad}]", f"{key}[0]"
+    else:
+        section, name = key.rsplit(".", 1)
+        override, named = f"{section}={{{name}: {bad}}}", key
+    msg = config_error(override)
+    assert msg.startswith((f"{named}: must be finite and ", f"{named}: must be a finite number")), msg
+    assert msg.endswith(f", got {float(bad.replace('.', ''))!r}"), msg
+
+
+def test_a_non_finite_number_stops_reasonrl_train_with_one_line(capsys):
+    code = main(["train", str(REPO_ROOT / "configs" / "smoke.yaml"), "optim.lr=.inf"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err == "reasonrl: config error: optim.lr: must be finite and >= 0, got inf\n"
+
+
 # --------------------------------------------------------------------- include, bad files
 
 

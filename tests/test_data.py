@@ -379,6 +379,46 @@ def test_json_array_file_and_folder_of_json(tmp_path):
         load_file(tmp_path / "empty_dir")
 
 
+def test_bytes_that_are_not_utf8_name_file_line_and_offset(tmp_path):
+    """A Latin-1 'é' (0xe9) on line 3 was a UnicodeDecodeError traceback with no file:line."""
+    path = tmp_path / "latin1.jsonl"
+    good = b'{"prompt": "q", "ground_truth": "1"}\n'
+    bad = '{"prompt": "caf\u00e9?", "ground_truth": "2"}\n'.encode("latin-1")
+    path.write_bytes(good + b"\n" + bad + good)
+    with pytest.raises(DataError) as info:
+        load_file(path)
+    column = bad.index(b"\xe9") + 1
+    offset = len(good) + 1 + column - 1
+    assert str(info.value) == (f"{path}:3: not UTF-8 text (byte 0xe9 at column {column}, byte offset "
+                               f"{offset} of the file); data files must be UTF-8: convert it, e.g. "
+                               "with `iconv -f <its encoding> -t utf-8`")
+    path.write_bytes(good + bad.decode("latin-1").encode("utf-8"))  # the same text as UTF-8 reads
+    assert [e.prompt for e in load_file(path)] == ["q", "caf\u00e9?"]
+
+
+def test_a_json_file_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_bytes(b'[\n  {"prompt": "p1", "ground_truth": 1},\n'
+                     b'  {"prompt": "\xff", "ground_truth": 2}\n]\n')
+    with pytest.raises(DataError, match=r"a\.json:3: not UTF-8 text \(byte 0xff at column 15, byte offset 55 "
+                                        r"of the file\)"):
+        load_file(path)
+
+
+def test_reasonrl_train_reports_a_file_that_is_not_utf8_in_one_line(tmp_path, capsys):
+    from reasonrl.cli import main
+
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"prompt": "\x80", "ground_truth": "1"}\n')
+    code = main(["train", "model.path=tiny", "data.task=file", f"data.train_path={path}",
+                 f"trainer.output_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (f"reasonrl: error: {path}:1: not UTF-8 text (byte 0x80 at column 13, byte offset 12 of "
+                   "the file); data files must be UTF-8: convert it, e.g. with `iconv -f <its encoding> "
+                   "-t utf-8`\n")
+
+
 @pytest.mark.parametrize("bad, needle", [
     ("not parquet", "not a readable Parquet file"),
 ])

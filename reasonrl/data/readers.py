@@ -34,12 +34,27 @@ def _pyarrow():
     return pyarrow
 
 
+def _not_utf8(where: str, err: UnicodeDecodeError, column: int, offset: int) -> DataError:
+    """The DataError of bytes that are not UTF-8: `where` (file:line), the first bad byte, its
+    column (in bytes) and its offset in the file, and what to do."""
+    bad = err.object[err.start:err.start + 1].hex()
+    return DataError(f"{where}: not UTF-8 text (byte 0x{bad} at column {column}, byte offset {offset} "
+                     "of the file); data files must be UTF-8: convert it, e.g. with "
+                     "`iconv -f <its encoding> -t utf-8`")
+
+
 def _jsonl(path: Path) -> Iterator[tuple[str, object]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    offset = 0  # of the line in the file, in bytes
+    with path.open("rb") as f:  # decoded line by line: a bad byte is reported with its line
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(where, err, err.start + 1, offset + err.start) from None
+            offset += len(raw)
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as err:
@@ -47,8 +62,15 @@ def _jsonl(path: Path) -> Iterator[tuple[str, object]]:
 
 
 def _json(path: Path) -> Iterator[tuple[str, object]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_start = raw.rfind(b"\n", 0, err.start) + 1
+        lineno = raw.count(b"\n", 0, err.start) + 1
+        raise _not_utf8(f"{path}:{lineno}", err, err.start - line_start + 1, err.start) from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
     if isinstance(data, list):
