@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import random
+
+import pytest
 
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig
 from reasonrl.policy.worker import PolicySettings, make_micro_batches
+
+# LoRA needs the `lora` extra (peft; in `dev`, absent from `make test-bare`)
+HAS_PEFT = importlib.util.find_spec("peft") is not None
+needs_peft = pytest.mark.skipif(not HAS_PEFT, reason="peft is not installed (pip install 'reasonrl[lora]')")
 
 _ALGO = {f.name for f in dataclasses.fields(AlgoConfig)}
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}

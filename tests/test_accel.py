@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from helpers import grouped_rows
+from helpers import grouped_rows, needs_peft
 from torch import nn
 
 from reasonrl.accel import calibrate
@@ -179,6 +179,7 @@ def test_every_decoder_samples_the_same_tokens(tiny):
         assert gen.completion_ids == first.completion_ids and gen.truncated == first.truncated
 
 
+@needs_peft
 def test_unsupported_models_fall_back_with_a_reason(tiny, monkeypatch):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -398,6 +399,7 @@ def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt):
         torch.testing.assert_close(grads[name], expected[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+@needs_peft
 def test_lean_kernels_with_lora_same_gradient(tiny):
     from reasonrl.policy.lora import apply_lora
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import HAS_PEFT
 
 from reasonrl.cli import main
 from reasonrl.config import (
@@ -511,7 +512,9 @@ def test_local_workers_live_on_the_configured_device(monkeypatch):
     from reasonrl.placement import build_workers
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for overrides in (["model.path=tiny"], ["model.path=tiny", "placement.device=cpu", "model.lora.rank=2"]):
+    lora = ["model.path=tiny", "placement.device=cpu", "model.lora.rank=2"]
+    cases = [["model.path=tiny"]] + [lora] * HAS_PEFT  # the LoRA case needs peft
+    for overrides in cases:
         workers = build_workers(load_config(None, overrides))
         for model in (workers.policy.model, workers.rollout.engine.model):
             assert {p.device.type for p in model.parameters()} == {"cpu"}

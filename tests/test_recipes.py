@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import needs_peft
 
 from reasonrl.cli import main
 from reasonrl.config import load_config
@@ -17,6 +18,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = Path(__file__).parent.parent / "configs" / "recipes"
 NAMES = ["reasonrl_strict_math", "trl_grpo_format", "verl_countdown", "transparent_grpo_piecewise",
          "easyrl_math"]
+LORA_RECIPES = {"reasonrl_strict_math", "trl_grpo_format"}  # their tests train a LoRA adapter
 TINY = ["model.path=tiny", "trainer.batch_size=8", "rollout.n=4", "rollout.max_new_tokens=12",
         "trainer.progress=false", "optim.micro_batch_size=8", "tracking.report=false"]
 
@@ -68,7 +70,8 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_peft) if n in LORA_RECIPES else n
+                                  for n in NAMES])
 def test_every_recipe_trains_on_the_tiny_model(tmp_path, data, name):
     args = ["train", str(RECIPES / f"{name}.yaml"), *TINY, *overrides(name, data),
             f"trainer.output_dir={tmp_path}", "trainer.run_name=r"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import HAS_PEFT, needs_peft
 
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, WeightSyncError
@@ -94,6 +95,7 @@ def test_bad_placement_and_lora_config_is_refused(overrides, message):
 # ---- LoRA -------------------------------------------------------------------------------
 
 
+@needs_peft
 def test_merged_weight_is_w_plus_scaled_b_a(tiny):
     """LoRA's merged weight W + (alpha / r) B A (Hu et al. 2021, eq. 3), by hand: r = 2,
     alpha = 4 (scale 2), A = [[1, 0, ...], [0, 3, 0, ...]], B[0] = [0.5, 0.25], B[5] = [0, 1]
@@ -122,6 +124,7 @@ def test_merged_weight_is_w_plus_scaled_b_a(tiny):
     assert torch.equal(merged[untouched], tiny[0].get_parameter(untouched))
 
 
+@needs_peft
 def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     """Two LoRA steps (KL to the adapter-free reference in the loss): only the adapter
     trains, the engine serves the merged weights (checksum-verified each sync), checkpoints
@@ -168,13 +171,15 @@ def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
 
 
+@needs_peft
 def test_lora_without_merged_copy_saves_only_the_adapter(tmp_path):
     from reasonrl.checkpoint import list_checkpoints, read_checkpoint
 
     train(smoke_cfg(tmp_path, "r", "model.lora.rank=2", "model.lora.save_merged=false",
                     "model.lora.target_modules=[q_proj]", "trainer.steps=1"))
     (step,) = list_checkpoints(tmp_path / "r")
-    assert sorted(p.name for p in step.iterdir()) == ["adapter", "state.pt", "trainer_state.json"]
+    assert sorted(p.name for p in step.iterdir()) == ["adapter", "manifest.json", "state.pt",
+                                                      "trainer_state.json"]
     _, _, weights = read_checkpoint(step)
     assert weights and all(".lora_" in k and "q_proj" in k for k in weights)
 
@@ -281,6 +286,9 @@ RANK_CASES = {
                                                  reshard_after_forward=False),
     "cpu_offload": dict(CASES["sequence, 2 epochs x 2 mini-batches"], cpu_offload=True),
 }
+# every case the ranks run; the LoRA ones need peft (absent from `make test-bare`)
+DP_CASES = {name: hyper for name, hyper in {**CASES, **RANK_CASES}.items()
+            if HAS_PEFT or not hyper.get("lora_rank")}
 TEST_KEYS = ("sgd_lr", "lora_rank", "reshard_after_forward", "cpu_offload")  # not PolicySettings'
 
 
@@ -365,7 +373,7 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
     torch.set_num_threads(1)
     init_process_group("gloo", init_method, rank, world, 120)
     out = {}
-    for name, hyper in {**CASES, **RANK_CASES}.items():
+    for name, hyper in DP_CASES.items():
         worker, model = make_worker(rank, world, hyper)
         out[name] = run_case(worker, model, hyper)
         if hyper.get("reshard_after_forward") is False:  # a forward without backward leaves full
@@ -394,7 +402,8 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
         dist.barrier()  # rank 0 has written it
         return load_file(Path(folder) / "adapter" / "adapter_model.safetensors")
 
-    out["LoRA resumed checksums"] = resumed({**LORA, "lr": 0.01}, adapter_of)
+    if HAS_PEFT:
+        out["LoRA resumed checksums"] = resumed({**LORA, "lr": 0.01}, adapter_of)
     out["resumed checksums"] = resumed({**CASES["token, KL + entropy in the loss"], "lr": 0.01},
                                        lambda worker: dict(worker.named_weights()))
     if rank == 0:
@@ -436,7 +445,7 @@ def test_two_gloo_ranks_give_the_gradient_of_one_process(tmp_path):
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
-    for name, hyper in {**CASES, **RANK_CASES}.items():
+    for name, hyper in DP_CASES.items():
         worker, model = make_worker(0, 1, hyper)
         one = run_case(worker, model, hyper)
         assert len(one[0]) == hyper.get("ppo_epochs", 1) * hyper.get("mini_batches", 1)
@@ -448,8 +457,9 @@ def test_two_gloo_ranks_give_the_gradient_of_one_process(tmp_path):
             assert_same_sync(name, ranks[f"sync after {name}"], sync_pieces(worker), one[0], hyper["sgd_lr"])
     a, b = ranks["resumed checksums"]
     assert math.isclose(a, b, rel_tol=1e-12)
-    a, b = ranks["LoRA resumed checksums"]
-    assert math.isclose(a, b, rel_tol=1e-12)
+    if HAS_PEFT:
+        a, b = ranks["LoRA resumed checksums"]
+        assert math.isclose(a, b, rel_tol=1e-12)
     a, b = ranks["ZeRO-2 checksum before and after a probe"]
     assert a == b
 
@@ -771,6 +781,7 @@ def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_sess
     assert ray_session.available_resources().get("CPU", 0) == 4
 
 
+@needs_peft
 def test_lora_in_ray_mode_matches_local_and_checkpoints_through_the_actor(ray_session, tmp_path):
     """LoRA with the policy in an actor: merged weights go actor to actor (checksum-checked),
     the adapter and merged folders come back to the trainer's machine; the metrics of 2 steps
@@ -844,6 +855,7 @@ def test_rollout_replicas_split_merge_sync_and_name_the_one_that_fails(ray_sessi
             ray.kill(actor)
 
 
+@needs_peft
 def test_lora_on_two_ranks_with_two_rollout_replicas_matches_one_process(ray_session, tmp_path):
     """The issue's configuration: placement.rollout.replicas=2, placement.policy.ranks=2,
     model.lora.rank=16 (KL to the adapter switched off in the loss), weights streamed in
