@@ -6,70 +6,213 @@
                checkpoints/step_N  (reasonrl.checkpoint)
                summary.json        steps, held-out metrics before and after
                report.html         (reasonrl.report)
+               run.lock            the lock of the process writing the run (its pid and host)
 
-`RunDir` finds the run to resume, creates or reopens the folder (a resumed run cuts its logs
-back to the checkpoint: a step logged after it is redone, not duplicated), writes and rotates
-checkpoints. `StopSignals` turns SIGINT/SIGTERM into a request to stop after the current step.
+`RunDir` takes the run's lock (`RunLock`: one writer per run directory), finds the checkpoint
+to resume (passing over damaged ones), creates or reopens the folder (a resumed run cuts its
+logs back to the checkpoint: a step logged after it is redone, not duplicated), writes and
+rotates checkpoints. `StopSignals` turns SIGINT/SIGTERM into a request to stop after the
+current step.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
+import socket
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from reasonrl.checkpoint import (
+    STEP_DIR,
     find_resume_point,
+    is_good,
     list_checkpoints,
     remove_partial,
+    resume_target,
     rotate,
+    set_aside,
+    step_folders,
+    storage_error,
     truncate_log,
+    verify_checkpoint,
     write_checkpoint,
 )
 from reasonrl.config import Config, dump_yaml
-from reasonrl.errors import ConfigError, TrainingInterrupted
+from reasonrl.errors import ConfigError, NonFiniteWeights, RunLocked, TrainingAborted, TrainingInterrupted
 
 LOGS = ("metrics.jsonl", "samples.jsonl")
+LOCK_FILE = "run.lock"
+
+
+@contextmanager
+def _writing(what: str, path: Path) -> Iterator[None]:
+    """An OSError for lack of space or permission while writing `path` becomes a
+    `StorageError` naming it."""
+    try:
+        yield
+    except OSError as err:
+        problem = storage_error(err, what, path)
+        if problem is None:
+            raise
+        raise problem from err
+
+
+class RunLock:
+    """An exclusive `flock` on `<run>/run.lock`, held while a process writes the run: a second
+    trainer on the same run directory is refused (`RunLocked`, naming the holder's pid and
+    host, which the file holds). The kernel drops the lock when its process dies, so a lock
+    left by a crashed run is taken over; the file is left in place (deleting it would let two
+    processes lock two different files)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def take(cls, run_dir: Path) -> RunLock:
+        path = Path(run_dir) / LOCK_FILE
+        with _writing("the run directory", run_dir):
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
+            os.close(fd)
+            raise RunLocked(f"{run_dir} is in use by another run ({holder}; lock {path}). Wait for it to "
+                            f"end, stop it, or choose another trainer.run_name") from None
+        previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        if previous:  # a clean release empties the file: its holder died with the lock
+            print(f"[reasonrl] {path}: taking over the lock left by {previous} (that process has ended)",
+                  file=sys.stderr, flush=True)
+        record = (f"pid {os.getpid()} on host {socket.gethostname()}, since "
+                  f"{datetime.now().isoformat(timespec='seconds')}\n").encode()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
+        except OSError as err:
+            os.close(fd)
+            problem = storage_error(err, "the run directory lock", path)
+            if problem is None:
+                raise
+            raise problem from err
+        return cls(path, fd)
+
+    def __del__(self) -> None:  # a lock its owner forgot is given back when it is collected
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.ftruncate(self.fd, 0)  # empty: nobody holds it
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
 
 
 @dataclass
 class RunDir:
     path: Path | None  # None: a new run, named when it opens
     checkpoint: Path | None  # the checkpoint a resume starts from
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer damaged checkpoints
+    lock: RunLock | None = None  # from `locate` (resuming a run) or `open` (a new run) to `release`
 
     @classmethod
     def locate(cls, cfg: Config) -> RunDir:
-        """The run `trainer.resume` names (and its newest checkpoint), or a new run."""
+        """The run `trainer.resume` names (and its newest intact checkpoint, the damaged newer
+        ones printed and passed over), or a new run. An existing run's lock is taken first, so
+        no other trainer writes (or rotates checkpoints) in it from here on; a new run takes
+        its lock in `open`."""
         t = cfg.trainer
         if not t.resume:
             return cls(None, None)
         try:
-            return cls(*find_resume_point(t.resume, t.output_dir, t.run_name))
+            path, named = resume_target(t.resume, t.output_dir, t.run_name)
+            auto = t.resume == "auto"
+            if not path.is_dir():
+                if auto:
+                    return cls(path, None)  # nothing to resume: a new run
+                find_resume_point(path, named, auto)  # raises: nothing there
         except ValueError as err:
             raise ConfigError(str(err)) from err
+        run = cls(path, None, lock=RunLock.take(path))
+        try:
+            run.checkpoint, run.skipped = find_resume_point(path, named, auto)
+        except ValueError as err:
+            run.release()
+            raise ConfigError(str(err)) from err
+        except BaseException:
+            run.release()
+            raise
+        for checkpoint, why in run.skipped:
+            print(f"[reasonrl] passing over damaged checkpoint {checkpoint}: {why}", file=sys.stderr,
+                  flush=True)
+        if run.skipped:
+            print(f"[reasonrl] resuming from the newest intact checkpoint, {run.checkpoint}",
+                  file=sys.stderr, flush=True)
+        return run
+
+    def release(self) -> None:
+        """Give the run directory's lock back (at the end of the run; again: nothing)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def open(self, cfg: Config, offsets: dict[str, int] | None) -> Path:
         """The run's folder, ready to log into: reopened at the checkpoint's log `offsets` when
-        resuming, else new (an `auto` resume with no checkpoint starts its run over)."""
+        resuming (damaged newer checkpoints set aside), else new (an `auto` resume with no
+        checkpoint starts its run over)."""
         if offsets is not None:
             remove_partial(self.path)
-            for name, offset in offsets.items():
-                truncate_log(self.path / name, offset)
+            self.set_aside_newer()
+            with _writing("the run's logs in", self.path):
+                for name, offset in offsets.items():
+                    truncate_log(self.path / name, offset)
         else:
-            if self.path is not None:
+            if self.path is None:
+                name = cfg.trainer.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+                self.path = Path(cfg.trainer.output_dir) / name
+            if self.lock is None:  # before the checks below: two starts cannot both pass them
+                self.lock = RunLock.take(self.path)
+            if cfg.trainer.resume:  # `auto` with nothing to resume: the run starts over
+                if step_folders(self.path):  # unless a run wrote some while this one started
+                    raise RunLocked(f"{self.path}: another run saved checkpoints there while this one was "
+                                    f"starting; start again to resume from them")
                 remove_partial(self.path)
                 for name in LOGS:
                     (self.path / name).unlink(missing_ok=True)
-            name = cfg.trainer.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-            self.path = Path(cfg.trainer.output_dir) / name
             if (self.path / "metrics.jsonl").exists():
                 raise FileExistsError(f"{self.path} already holds a run; choose another trainer.run_name")
+        with _writing("the run directory", self.path):
             self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.yaml").write_text(dump_yaml(cfg))
+            (self.path / "config.yaml").write_text(dump_yaml(cfg))
         return self.path
+
+    def set_aside_newer(self) -> None:
+        """Checkpoints newer than the one resumed from are set aside: the damaged ones passed
+        over as `step_N.damaged`, intact ones (a resume from an earlier checkpoint named
+        explicitly) as `step_N.superseded`; their steps are redone, and a later resume or
+        rotation must not take a checkpoint of the abandoned steps (its log offsets are gone)."""
+        damaged = {path for path, _ in self.skipped}
+        resumed = STEP_DIR.match(self.checkpoint.name)
+        for path in step_folders(self.path):
+            newer = resumed is not None and int(STEP_DIR.match(path.name).group(1)) > int(resumed.group(1))
+            if path in damaged or newer:
+                aside = set_aside(path, "damaged" if path in damaged else "superseded")
+                print(f"[reasonrl] set {path.name} aside as {aside}", file=sys.stderr, flush=True)
+        self.skipped = []
 
     def log_offsets(self) -> dict[str, int]:
         """The logs' sizes now: where a resume from a checkpoint written now cuts them back to."""
@@ -79,16 +222,27 @@ class RunDir:
     def save(self, step: int, policy, tokenizer, state: dict, merged: bool, keep_last: int,
              critic=None) -> Path:
         """checkpoints/step_N (layout in `reasonrl.checkpoint`), then the oldest beyond
-        `keep_last` go. Call after the step's metrics and samples are logged."""
+        `keep_last` go (never the newest good one). Call after the step's metrics and samples
+        are logged. Non-finite weights end the run (`TrainingAborted`, nothing written)."""
         target = self.path / "checkpoints" / f"step_{step}"
-        write_checkpoint(target, policy, tokenizer, {**state, "step": step, "offsets": self.log_offsets()},
-                         merged=merged, critic=critic)
+        try:
+            write_checkpoint(target, policy, tokenizer, {**state, "step": step,
+                                                         "offsets": self.log_offsets()},
+                             merged=merged, critic=critic)
+        except NonFiniteWeights as err:
+            raise TrainingAborted(f"{err}; stopping. Lower optim.lr or check the rewards; the last good "
+                                  f"checkpoint is {self.last_good() or 'none'}") from err
         rotate(self.path, keep_last)
         return target
 
     def latest(self) -> Path | None:
         found = list_checkpoints(self.path)
         return found[-1] if found else None
+
+    def last_good(self) -> Path | None:
+        """The newest checkpoint written after a good step (`is_good`) whose manifest verifies."""
+        return next((p for p in reversed(list_checkpoints(self.path))
+                     if is_good(p) and verify_checkpoint(p) is None), None)
 
     def write_summary(self, summary: dict) -> None:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2))

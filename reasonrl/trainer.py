@@ -80,7 +80,16 @@ class Trainer:
         check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
         self.eval_settings = eval_settings(cfg, entropy=False, progress=False)
         record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
-        self.run = RunDir.locate(cfg)
+        self.run = RunDir.locate(cfg)  # a resumed run's lock (a new run's: in `fit`) until `fit` ends
+        try:
+            self.build(cfg)
+        except BaseException:
+            self.run.release()
+            raise
+
+    def build(self, cfg: Config) -> None:
+        """Workers, sampler and the checkpoint resumed from (read under the run's lock)."""
+        t, r = cfg.trainer, cfg.rollout
         self.workers = build_workers(cfg)
         # Seed after loading: a first-run model conversion draws random numbers (weight
         # init before the GGUF weights are copied in); the run must not depend on the cache.
@@ -229,7 +238,7 @@ class Trainer:
             raise TrainingAborted(
                 f"{self.bad_steps} bad steps in a row (to step {self.step_count}), the last: "
                 f"{self.bad_reason}; stopping. Lower optim.lr or check the rewards; the last good "
-                f"checkpoint is {self.run.latest() or 'none'}")
+                f"checkpoint is {self.run.last_good() or 'none'}")
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety
@@ -251,6 +260,14 @@ class Trainer:
         return rows
 
     def fit(self) -> RunResult:
+        """Train to trainer.steps (`train_steps`); the run directory's lock is given back at the
+        end, however the run ends."""
+        try:
+            return self.train_steps()
+        finally:
+            self.run.release()
+
+    def train_steps(self) -> RunResult:
         cfg = self.cfg
         run_dir, eval_before = self.open_run()
         tracker = Tracker(run_dir, cfg.trainer.steps, cfg.trainer.progress, start_step=self.step_count,

@@ -167,7 +167,7 @@ def test_non_finite_steps_abort_after_max_bad_steps(tmp_path):
     # NaN hidden states (so logits) whenever the policy trains (generation runs in eval mode and stays finite)
     trainer.policy.model.get_decoder().norm.register_forward_hook(
         lambda module, args, out: out * float("nan") if module.training else None)
-    with pytest.raises(TrainingAborted, match="2 steps in a row"):
+    with pytest.raises(TrainingAborted, match="2 bad steps in a row"):
         trainer.fit()
     rows = metrics(tmp_path / "r")
     assert [r.get("train/bad_steps") for r in rows[1:]] == [1.0, 2.0]
@@ -209,7 +209,10 @@ sys.exit(main(["train", *sys.argv[3:]]))
 """
 
 
-def run_child(tmp_path: Path, mode: str, sig: int, *overrides: str) -> subprocess.CompletedProcess:
+def run_child(tmp_path: Path, mode: str, sig: int, *overrides: str,
+              during=None) -> subprocess.CompletedProcess:
+    """A training child stopped by `sig` where `mode` makes it wait (after step 2 for "term",
+    half-way through writing step_2 for "kill"); `during(pid)` runs while it waits."""
     marker = tmp_path / "marker"
     args = ["configs/smoke.yaml", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
             "trainer.progress=false", f"trainer.steps={STEPS}", "trainer.threads=1", *TRAINS, *overrides]
@@ -219,7 +222,11 @@ def run_child(tmp_path: Path, mode: str, sig: int, *overrides: str) -> subproces
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert marker.exists(), proc.communicate(timeout=5)
-    proc.send_signal(sig)
+    try:
+        if during is not None:
+            during(proc.pid)
+    finally:
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
