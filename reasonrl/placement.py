@@ -78,21 +78,21 @@ POLICY_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 
 def preflight(cfg: Config) -> None:
     """What the config asks of this machine, checked before any model loads: the engine's
-    and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA, the GPUs of
-    vLLM's tensor parallelism in local mode (ray mode: `check_capacity`, once Ray is up), the
-    environment of multi-turn runs (env.fn's class, the python tool's sandbox), and that the
-    longest sequence fits the model's context (`check_model_context`: its config.json only)."""
+    and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA, the GPUs one
+    engine needs on this machine in local mode (its ENGINES entry's `machine_gpus`; ray mode:
+    `check_capacity`, once Ray is up), the environment of multi-turn runs (env.fn's class, the
+    python tool's sandbox), and that the longest sequence fits the model's context
+    (`check_model_context`: its config.json only)."""
     problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
     if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(("placement.mode", "placement.mode=ray needs Ray: pip install 'reasonrl[ray]'"))
     if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
         problems.append(("model.lora.rank", "model.lora.rank > 0 needs peft: pip install 'reasonrl[lora]'"))
-    tp = cfg.rollout.vllm.tensor_parallel_size
+    need, key = ENGINES[cfg.rollout.engine].info["machine_gpus"](cfg.rollout)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.rollout.engine == "vllm" and tp > 1 and cfg.placement.mode == "local" and gpus < tp:
-        problems.append(("rollout.vllm.tensor_parallel_size",
-                         f"{tp} GPUs per engine, and this machine has {gpus}"))
+    if cfg.placement.mode == "local" and gpus < need:
+        problems.append((key, f"{need} GPUs per engine, and this machine has {gpus}"))
     problems = [f"{key}: {problem}" for key, problem in problems if problem is not None]
     if problems:  # all of them at once: one install should not uncover the next problem
         raise ConfigError("\n".join(problems))
@@ -683,10 +683,10 @@ def check_capacity(cfg: Config, critics: int) -> None:
                                  f"the workers' {attr}, or add machines (or placement.num_cpus for a Ray "
                                  "started by the run)")
     per_node = [node["Resources"].get("GPU", 0) for node in ray.nodes() if node.get("Alive")]
-    tp = cfg.rollout.vllm.tensor_parallel_size
-    if cfg.rollout.engine == "vllm" and tp > 1 and max(per_node, default=0) < tp:
-        raise PlacementError(f"rollout.vllm.tensor_parallel_size: {tp} GPUs per engine on one machine; the "
-                             f"Ray cluster's machines have {sorted(per_node, reverse=True)} GPUs")
+    need, key = ENGINES[cfg.rollout.engine].info["machine_gpus"](cfg.rollout)
+    if max(per_node, default=0) < need:
+        raise PlacementError(f"{key}: {need} GPUs per engine on one machine; the Ray cluster's machines "
+                             f"have {sorted(per_node, reverse=True)} GPUs")
 
 
 def build_ray_workers(cfg: Config) -> Workers:

@@ -2,7 +2,10 @@
 
 `logprobs`: the engine reports the sampler's per-token log-probs (`algo.tis_cap` needs
 them). `missing`: a function saying why the engine cannot run here (a missing extra), or
-None. vLLM itself (an optional extra) is imported only when its engine is built.
+None. `machine_gpus`: a function of the `rollout` section giving (the GPUs one engine needs
+on a single machine, the key that asks for them), (0, "") for none in particular: placement
+checks them against the machine (local mode) or the Ray cluster's machines, without naming
+an engine. vLLM itself (an optional extra) is imported only when its engine is built.
 """
 
 from __future__ import annotations
@@ -15,13 +18,25 @@ from reasonrl.rollout.hf import HFEngine
 from reasonrl.rollout.vllm import VLLMEngine, vllm_missing
 
 
-@ENGINES.register("hf", logprobs=False, missing=lambda: None)
+def no_machine_gpus(options: RolloutConfig) -> tuple[int, str]:
+    """The HF engine runs on the device it is given: no GPU count of its own."""
+    return 0, ""
+
+
+def vllm_machine_gpus(options: RolloutConfig) -> tuple[int, str]:
+    """vLLM's tensor parallelism spreads one engine over `tensor_parallel_size` GPUs of one
+    machine; a size of 1 asks for no particular count (vLLM also runs on the CPU)."""
+    tp = options.vllm.tensor_parallel_size
+    return (tp, "rollout.vllm.tensor_parallel_size") if tp > 1 else (0, "")
+
+
+@ENGINES.register("hf", logprobs=False, missing=lambda: None, machine_gpus=no_machine_gpus)
 def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """transformers: generation with the policy's own model (shared when colocated)"""
     return HFEngine(model, tokenizer, decoder=options.hf_decoder, reuse_kv=options.hf_reuse_kv)
 
 
-@ENGINES.register("vllm", logprobs=True, missing=vllm_missing)
+@ENGINES.register("vllm", logprobs=True, missing=vllm_missing, machine_gpus=vllm_machine_gpus)
 def vllm_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """vLLM in this process, from a copy of the policy's weights"""
     return VLLMEngine(model, tokenizer, options.vllm, threads=threads)
