@@ -1,12 +1,17 @@
-"""From a step's batch to the advantages the policy trains on.
+"""The advantage stage: from a step's batch, and the forwards the trainer ran before it, to
+the advantages the policy trains on. Pure: tensors in, tensors out; no worker is called here.
 
-Two kinds of estimator (`algo.advantage`, the `ADVANTAGES` registry):
-- group estimators (grpo, rloo, ...): one advantage per completion from the rewards of its
-  group or batch (`reasonrl.algo.advantages`); KL in the reward is summed per sequence;
-- critic estimators (gae, PPO): token advantages from the critic's values and the token
-  rewards (the score at the last token, -beta * KL at every token), by GAE
-  (`reasonrl.algo.gae`), whitened over the batch's tokens when `algo.whiten_advantages`;
-  the critic's regression targets (the returns) come back as a `CriticBatch`.
+Every estimator (`algo.advantage`, the `ADVANTAGES` registry) is called the same way, with
+one `AdvantageInputs` record (`reasonrl.algo.advantages`); what differs is what the record
+holds:
+- group estimators (grpo, rloo, ...): each completion's reward and group; with KL in the
+  reward (`algo.beta` > 0, `algo.kl_in=reward`) the reward minus beta times the completion's
+  summed KL;
+- critic estimators (gae, PPO; `reasonrl.registry.needs_critic`): the critic's values and the
+  token rewards (the score at the last token, -beta * KL at every token) over each row's
+  model tokens; the advantages come back whitened over the batch's tokens when
+  `algo.whiten_advantages`, and the critic's regression targets (the returns) as a
+  `CriticBatch`.
 """
 
 from __future__ import annotations
@@ -14,16 +19,16 @@ from __future__ import annotations
 import torch
 
 from reasonrl.algo import (
+    AdvantageInputs,
+    estimate,
     explained_variance,
-    gae,
-    group_advantages,
     kl_penalised_rewards,
     masked_whiten,
     token_rewards,
 )
 from reasonrl.batch import CriticBatch, StepBatch
-from reasonrl.config import Config
-from reasonrl.registry import ADVANTAGES
+from reasonrl.config import AlgoConfig
+from reasonrl.registry import needs_critic
 
 
 def padded(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,37 +40,41 @@ def padded(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Te
     return out, mask
 
 
-def estimate_advantages(batch: StepBatch, cfg: Config, policy, critic,
-                        trainable: torch.Tensor) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
+def estimate_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
+                        values: list[torch.Tensor] | None, trainable: torch.Tensor,
+                        algo: AlgoConfig) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
     """(advantages [N] or [N, T], the critic's batch (critic estimators) or None, metrics).
-    With KL in the reward (`algo.beta` > 0, `algo.kl_in=reward`) the group estimators see the
-    KL-penalised sequence reward and GAE the per-token KL in its token rewards (the mean summed
-    KL is `train/kl_in_reward`); `batch` is not changed."""
-    algo, rollouts = cfg.algo, batch.rollouts
-    kl_rows = None
+
+    `token_kl`: each completion's per-token KL to the reference (the reference stage; None
+    without KL in the reward); `values`: each completion's per-token values (the values
+    stage; None without a critic). The mean summed KL is `train/kl_in_reward`; `batch` is
+    not changed."""
+    rollouts = batch.rollouts
     metrics: dict[str, float] = {}
-    if algo.beta > 0 and algo.kl_in == "reward":
-        kl_rows = policy.token_kl(rollouts.prompt_ids, rollouts.completion_ids)
+    if token_kl is not None:
         # the model's tokens only: an episode's environment tokens are context, not actions
-        kl_rows = [k * torch.tensor(m, dtype=k.dtype)
-                   for k, m in zip(kl_rows, rollouts.token_mask, strict=True)]
-        metrics["train/kl_in_reward"] = torch.stack([k.sum() for k in kl_rows]).mean().item()
-    if not ADVANTAGES[algo.advantage].info.get("critic"):
+        token_kl = [k * torch.tensor(m, dtype=k.dtype)
+                    for k, m in zip(token_kl, rollouts.token_mask, strict=True)]
+        metrics["train/kl_in_reward"] = torch.stack([k.sum() for k in token_kl]).mean().item()
+    if not needs_critic(algo.advantage):
         rewards = batch.rewards
-        if kl_rows is not None:
-            kl, mask = padded(kl_rows, max(len(k) for k in kl_rows))
+        if token_kl is not None:
+            kl, mask = padded(token_kl, max(len(k) for k in token_kl))
             rewards = kl_penalised_rewards(rewards, kl, mask, algo.beta)
-        return group_advantages(rewards, rollouts.group, algo.advantage, algo.std_eps), None, metrics
-    values = critic.values(rollouts.prompt_ids, rollouts.completion_ids)
+        inputs = AdvantageInputs(rewards.float(), rollouts.group, algo.std_eps)
+        return estimate(algo.advantage, inputs)[0], None, metrics
     # GAE runs over each row's model tokens in order (an episode's environment tokens are not
     # actions: the state after a turn's last token is the next turn's first), then goes back to
     # the completion positions, 0 on environment tokens; single-turn rows are all model tokens
     picks = [torch.tensor(m, dtype=torch.bool).nonzero().squeeze(1) for m in rollouts.token_mask]
     width = max(max(len(p) for p in picks), 1)
     values_t, mask = padded([v[p] for v, p in zip(values, picks, strict=True)], width)
-    kl_t = None if kl_rows is None else padded([k[p] for k, p in zip(kl_rows, picks, strict=True)], width)[0]
-    rewards_t = token_rewards(batch.rewards, mask, kl_t, algo.beta)  # the task's score at the last token
-    advantages, returns = gae(rewards_t, values_t, mask, algo.gamma, algo.lam)
+    kl_t = None if token_kl is None else padded([k[p] for k, p in zip(token_kl, picks, strict=True)],
+                                                width)[0]
+    inputs = AdvantageInputs(batch.rewards.float(), rollouts.group, algo.std_eps,
+                             token_rewards=token_rewards(batch.rewards, mask, kl_t, algo.beta),
+                             values=values_t, mask=mask, gamma=algo.gamma, lam=algo.lam)
+    advantages, returns = estimate(algo.advantage, inputs)
     valid = mask * trainable[:, None].float()
     metrics.update(critic_metrics(values_t, returns, advantages, valid))
     if algo.whiten_advantages:

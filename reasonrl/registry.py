@@ -101,3 +101,10 @@ COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdow
 PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
 ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback")
+
+
+def needs_critic(advantage: str) -> bool:
+    """Whether advantage estimator `advantage` reads a critic's values: declared once, as
+    `critic=True` on its `ADVANTAGES` entry, and read here by every module that asks (the
+    config's rules, placement, the advantage stage)."""
+    return bool(ADVANTAGES[advantage].info.get("critic", False))

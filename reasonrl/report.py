@@ -154,9 +154,10 @@ CRITIC_PLOTS = [
     Plot("critic_grad_norm", "Critic gradient norm", [("critic/grad_norm", "grad norm")]),
 ]
 
-# time/<stage>; "other" = the rest of time/step
-STAGES = ["rollout", "reward", "advantage", "update", "critic", "sync", "eval"]
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+# time/<stage> in the order of Trainer.step; "other" = the rest of time/step
+STAGES = ["rollout", "reward", "reference", "values", "advantage", "critic", "update", "sync", "eval"]
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf"]
 STYLES = ["-", "--", ":", "-."]
 
 

@@ -1,7 +1,8 @@
 """The single controller. It holds no model: it moves batches between the workers.
 
-One step, top to bottom (`Trainer.step`):
-    prompts -> rollout (G samples each) -> rewards -> advantages -> policy update -> sync
+One step, top to bottom (`Trainer.step`), each stage one named, timed call:
+    prompts -> rollout (G samples each) -> rewards -> reference KL and critic values (the
+    forwards, when used) -> advantages (pure) -> critic update -> policy update -> sync
 then metrics, samples, held-out eval and checkpoints (`Trainer.fit`).
 """
 
@@ -52,6 +53,14 @@ def row_advantage(advantages: torch.Tensor, i: int, mask: list[int]) -> float:
         return row.item()
     keep = torch.tensor(mask, dtype=torch.bool)
     return row[: len(mask)][keep].mean().item()
+
+
+def timed(times: dict[str, float], stage: str, fn, *args):
+    """`fn(*args)`, its wall-clock seconds recorded as `times[stage]` (logged as time/<stage>)."""
+    t = time.perf_counter()
+    out = fn(*args)
+    times[stage] = time.perf_counter() - t
+    return out
 
 
 def with_epochs(cfg: Config, num_prompts: int) -> Config:
@@ -130,33 +139,33 @@ class Trainer:
     # ---- one training step -----------------------------------------------------------
 
     def step(self) -> tuple[dict[str, float], StepBatch, torch.Tensor]:
+        """One training step: each stage one named call, timed as `time/<stage>` (rollout and
+        reward inside `collect_batch`, which may resample), every model forward among them."""
         algo = self.cfg.algo
         reset_gpu_peak()
         t0 = time.perf_counter()
-        batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg)
+        batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg)  # rollout + reward
         rollouts, times = batch.rollouts, dict(batch.seconds)
         if rollouts.policy_version != self.step_count:  # the update below assumes on-policy data
             raise WeightSyncError(f"step {self.step_count + 1}: rollouts came from policy version "
                                   f"{rollouts.policy_version}, expected {self.step_count}")
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
-        t = time.perf_counter()
-        advantages, critic_batch, metrics = estimate_advantages(batch, self.cfg, self.policy, self.critic,
-                                                                loss_mask)
-        times["advantage"] = time.perf_counter() - t
+        ids = rollouts.prompt_ids, rollouts.completion_ids
+        kl = values = None
+        if algo.beta > 0 and algo.kl_in == "reward":
+            kl = timed(times, "reference", self.policy.token_kl, *ids)  # the reference model's forward
+        if self.critic is not None:
+            values = timed(times, "values", self.critic.values, *ids)  # the critic's forward
+        advantages, critic_batch, metrics = timed(times, "advantage", estimate_advantages,
+                                                  batch, kl, values, loss_mask, algo)
         if critic_batch is not None:
-            t = time.perf_counter()
-            metrics.update(self.critic.train_step(critic_batch))
-            times["critic"] = time.perf_counter() - t
+            metrics.update(timed(times, "critic", self.critic.train_step, critic_batch))
         if critic_batch is None or self.step_count >= self.cfg.critic.warmup_steps:  # critic warm-up first
-            t = time.perf_counter()
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
                                rollouts.sampler_logprobs, rollouts.token_mask)
-            metrics.update(self.policy.train_step(train))
-            times["update"] = time.perf_counter() - t
+            metrics.update(timed(times, "update", self.policy.train_step, train))
         self.step_count += 1  # the policy is now at version step_count
-        t = time.perf_counter()
-        self.sync_weights()
-        times["sync"] = time.perf_counter() - t
+        timed(times, "sync", self.sync_weights)
         times["step"] = time.perf_counter() - t0
         metrics.update(batch_metrics(batch, advantages, loss_mask))
         metrics.update({f"time/{k}": v for k, v in times.items()})

@@ -572,10 +572,6 @@ def test_gae_runs_over_the_model_tokens_of_an_episode():
     from reasonrl.advantage import estimate_advantages
     from reasonrl.batch import StepBatch
 
-    class Critic:
-        def values(self, prompt_ids, completion_ids):
-            return [torch.tensor([0.1, 9.0, 9.0, 0.3]), torch.tensor([0.5, 0.25])]
-
     r = Rollouts(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7, 8], [9, 10]], texts=["a", "b"],
                  group=torch.tensor([0, 1]), truncated=torch.tensor([False, False]), examples=EXAMPLES,
                  token_mask=[[1, 0, 0, 1], [1, 1]], environment="tool")
@@ -583,7 +579,9 @@ def test_gae_runs_over_the_model_tokens_of_an_episode():
     batch = StepBatch(r, scores, scores.total.clone(), torch.tensor([True, True]))
     cfg = load_config(REPO / "configs" / "smoke.yaml", ["algo.advantage=gae", "rollout.n=1",
                                                        "algo.whiten_advantages=false"])
-    advantages, critic_batch, _ = estimate_advantages(batch, cfg, None, Critic(), torch.tensor([True, True]))
+    values = [torch.tensor([0.1, 9.0, 9.0, 0.3]), torch.tensor([0.5, 0.25])]  # the critic's, per token
+    trainable = torch.tensor([True, True])
+    advantages, critic_batch, _ = estimate_advantages(batch, None, values, trainable, cfg.algo)
     torch.testing.assert_close(advantages, torch.tensor([[0.9, 0.0, 0.0, 0.7], [-0.5, -0.25, 0.0, 0.0]]))
     torch.testing.assert_close(critic_batch.returns[0], torch.tensor([1.0, 0.0, 0.0, 1.0]))
     torch.testing.assert_close(critic_batch.returns[1], torch.tensor([0.0, 0.0]))

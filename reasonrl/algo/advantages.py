@@ -1,14 +1,45 @@
-"""Advantages: one number per completion saying how much better it was than expected.
+"""Advantages: how much better each completion (or token) was than expected.
 
-Pure functions on tensors: `rewards` is [N] and `group` is [N] (the prompt index of
-each completion). No models, no config objects.
+Every estimator of the `ADVANTAGES` registry has one signature, as verl's
+`register_adv_est`: it takes one `AdvantageInputs` record and returns (advantages, returns).
+The group estimators here read each completion's reward and its group and give one advantage
+per completion, returns None; a critic estimator (`gae`, `reasonrl.algo.gae`; `critic=True`
+on its entry, read by `reasonrl.registry.needs_critic`) reads the critic's values and the
+token rewards and gives token advantages and the critic's regression targets. Pure functions
+on tensors: no models, no config objects.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from reasonrl.registry import ADVANTAGES
+from reasonrl.registry import ADVANTAGES, needs_critic
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator reads. `rewards` and `group` are always there; the token
+    fields ([N, T] over each row's model tokens, row i's at positions 0..len_i - 1) only for a
+    critic estimator."""
+
+    rewards: torch.Tensor  # [N] float: each completion's reward (KL in the reward: penalised)
+    group: torch.Tensor  # [N] long: the prompt (0..B-1) each completion answers
+    std_eps: float = 1e-4  # added to a std before dividing by it (algo.std_eps)
+    token_rewards: torch.Tensor | None = None  # [N, T] r_t: -beta KL_t, plus the score at the last token
+    values: torch.Tensor | None = None  # [N, T] the critic's V(s_t)
+    mask: torch.Tensor | None = None  # [N, T] 1 on a row's tokens, 0 on padding
+    gamma: float = 1.0  # discount (algo.gamma)
+    lam: float = 1.0  # GAE's lambda (algo.lam)
+
+
+def estimate(mode: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages, returns) of estimator `mode` (an `ADVANTAGES` entry): [N] and None for a
+    group estimator, [N, T] each for a critic estimator."""
+    if needs_critic(mode) and inputs.values is None:
+        raise ValueError(f"algo.advantage={mode} needs a critic's values (AdvantageInputs.values)")
+    return ADVANTAGES[mode].fn(inputs)
 
 
 def _group_stats(rewards: torch.Tensor, group: torch.Tensor
@@ -37,80 +68,86 @@ def _batch_normalise(x: torch.Tensor, std_eps: float) -> torch.Tensor:
 
 def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
                      std_eps: float = 1e-4) -> torch.Tensor:
-    """Advantage [N] of each completion under estimator `mode` (an `ADVANTAGES` entry), from
-    its reward and the rewards around it. Std is the unbiased estimate; a group (or batch)
-    whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
+    """Advantage [N] of each completion under group estimator `mode`, from its reward and the
+    rewards around it (`estimate` without the record). Std is the unbiased estimate; a group
+    (or batch) whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
     std_eps = 0 (where 0/0 would be NaN)."""
-    entry = ADVANTAGES[mode]
-    if entry.info.get("critic"):
+    if needs_critic(mode):
         raise ValueError(f"algo.advantage={mode} needs a critic's values (reasonrl.algo.gae), not groups")
-    return entry.fn(rewards.float(), group, std_eps)
+    return estimate(mode, AdvantageInputs(rewards.float(), group, std_eps))[0]
 
 
-@ADVANTAGES.register("raw", needs_groups=False)
-def raw(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """A_i = r_i: REINFORCE without a baseline (Williams 1992)."""
-    return rewards.clone()
-
-
-@ADVANTAGES.register("grpo", needs_groups=True)
-def grpo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): GRPO's group-normalised advantage
-    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
-    _, mean, std = _group_stats(rewards, group)
-    std = std[group]
-    return torch.where(std > 0, (rewards - mean[group]) / (std + std_eps), torch.zeros_like(rewards))
-
-
-@ADVANTAGES.register("grpo_no_std", needs_groups=True)
-def grpo_no_std(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """A_i = r_i - mean(r_group): the group mean as baseline, no std division."""
+def _centred(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """r_i - mean(r_group)."""
     _, mean, _ = _group_stats(rewards, group)
     return rewards - mean[group]
 
 
+@ADVANTAGES.register("raw", needs_groups=False)
+def raw(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """A_i = r_i: REINFORCE without a baseline (Williams 1992)."""
+    return x.rewards.clone(), None
+
+
+@ADVANTAGES.register("grpo", needs_groups=True)
+def grpo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): GRPO's group-normalised advantage
+    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
+    _, mean, std = _group_stats(x.rewards, x.group)
+    std = std[x.group]
+    return torch.where(std > 0, (x.rewards - mean[x.group]) / (std + x.std_eps),
+                       torch.zeros_like(x.rewards)), None
+
+
+@ADVANTAGES.register("grpo_no_std", needs_groups=True)
+def grpo_no_std(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """A_i = r_i - mean(r_group): the group mean as baseline, no std division."""
+    return _centred(x.rewards, x.group), None
+
+
 @ADVANTAGES.register("dr_grpo", needs_groups=True)
-def dr_grpo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+def dr_grpo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = r_i - mean(r_group), as `grpo_no_std`: Dr. GRPO (Liu et al. 2025, "Understanding
     R1-Zero-Like Training", arXiv:2503.20783) drops the std division, which favours too-easy
     and too-hard questions; its other half, no length normalisation, is the loss
     aggregation `seq_mean_token_sum_norm`."""
-    return grpo_no_std(rewards, group, std_eps)
+    return _centred(x.rewards, x.group), None
 
 
 @ADVANTAGES.register("rloo", needs_groups=True)
-def rloo(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+def rloo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = r_i - mean_{j != i, j in group} r_j = G / (G - 1) * (r_i - mean(r_group)): the
     leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for
     Free!"; Ahmadian et al. 2024, "Back to Basics", the RLOO estimator). A group of one has
     no other sample: its advantage is 0."""
-    count, mean, _ = _group_stats(rewards, group)
-    g = count[group]
-    return torch.where(g > 1, (rewards - mean[group]) * g / (g - 1).clamp(min=1), torch.zeros_like(rewards))
+    count, mean, _ = _group_stats(x.rewards, x.group)
+    g = count[x.group]
+    return torch.where(g > 1, (x.rewards - mean[x.group]) * g / (g - 1).clamp(min=1),
+                       torch.zeros_like(x.rewards)), None
 
 
 @ADVANTAGES.register("reinforce_baseline", needs_groups=False)
-def reinforce_baseline(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+def reinforce_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = r_i - mean(r_batch): REINFORCE with the batch's mean reward as the baseline
     (Williams 1992, "Simple Statistical Gradient-Following Algorithms", sec. 4, the
     reinforcement baseline b); no per-prompt groups needed, no normalisation."""
-    return rewards - rewards.mean()
+    return x.rewards - x.rewards.mean(), None
 
 
 @ADVANTAGES.register("reinforce_pp", needs_groups=False)
-def reinforce_pp(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+def reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps): REINFORCE++ (Hu et al. 2025,
     arXiv:2501.03262, "global advantage normalization"): no per-prompt baseline, one
     normalisation over the whole batch. (The paper whitens per token; with one reward per
     completion and gamma = 1 we normalise per completion.)"""
-    return _batch_normalise(rewards, std_eps)
+    return _batch_normalise(x.rewards, x.std_eps), None
 
 
 @ADVANTAGES.register("reinforce_pp_baseline", needs_groups=True)
-def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor, std_eps: float) -> torch.Tensor:
+def reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """r_i - mean(r_group), then normalised over the batch as in `reinforce_pp` (REINFORCE++
     w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`)."""
-    return _batch_normalise(grpo_no_std(rewards, group, std_eps), std_eps)
+    return _batch_normalise(_centred(x.rewards, x.group), x.std_eps), None
 
 
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from reasonrl.algo.advantages import AdvantageInputs
 from reasonrl.registry import ADVANTAGES
 
 
@@ -34,7 +35,6 @@ def token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | N
     return rewards
 
 
-@ADVANTAGES.register("gae", needs_groups=False, critic=True)
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) [N, T] by generalised advantage estimation (Schulman et al. 2016,
@@ -61,6 +61,13 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_value = values[:, t] * valid
         next_advantage = advantage * valid
     return advantages, (advantages + values) * mask
+
+
+@ADVANTAGES.register("gae", needs_groups=False, critic=True)
+def gae_advantages(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) [N, T]: `gae` over the token rewards and the critic's values, the
+    estimator of PPO with a critic (`algo.advantage=gae`)."""
+    return gae(x.token_rewards, x.values, x.mask, x.gamma, x.lam)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
