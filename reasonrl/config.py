@@ -45,6 +45,7 @@ from reasonrl.registry import (
     TOOLS,
     VERIFIERS,
     Registry,
+    needs_critic,
 )
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -681,13 +682,13 @@ def validate(cfg: Config) -> None:
     need(a.tis_cap == 0 or r.engine in with_logprobs,
          f"algo.tis_cap: needs the sampler's log-probs, which rollout.engine={r.engine} does not "
          f"report; engines that do: {', '.join(with_logprobs)}")
-    critic = ADVANTAGES[a.advantage].info.get("critic", False)
+    critic = needs_critic(a.advantage)
     if not critic:
         changed = [f"critic.{f.name}" for f in dataclasses.fields(CriticConfig)
                    if getattr(cfg.critic, f.name) != getattr(CriticConfig(), f.name)]
         changed += [f"placement.critic.{k}" for k, v in dataclasses.asdict(pl.critic).items()
                     if v != getattr(PolicyPlacement(), k)]
-        critics = ", ".join(e.name for e in ADVANTAGES if e.info.get("critic"))
+        critics = ", ".join(e.name for e in ADVANTAGES if needs_critic(e.name))
         need(not changed, f"{', '.join(changed)}: set, but algo.advantage={a.advantage} uses no critic; "
              f"estimators with a critic: {critics} (or remove the critic settings)")
     need(critic or (a.gamma, a.lam) == (1.0, 1.0),

@@ -55,7 +55,7 @@ from reasonrl.policy.model import (
     resolve_model_dir,
 )
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
-from reasonrl.registry import ADVANTAGES, ENGINES
+from reasonrl.registry import ENGINES, needs_critic
 from reasonrl.rng import seed_everything
 from reasonrl.rollout import RolloutWorker, make_engine, prompt_seeds
 from reasonrl.tracking import missing_extra
@@ -142,7 +142,7 @@ def check_model_context(cfg: Config) -> None:
     """`check_context` (a ConfigError naming data.max_prompt_tokens, rollout.max_new_tokens and
     the limit) for the policy's model and, with a critic, critic.path's."""
     models = [("the model", cfg.model.path, cfg.model.revision)]
-    if cfg.critic.path and needs_critic(cfg):
+    if cfg.critic.path and needs_critic(cfg.algo.advantage):
         models.append(("critic.path's model", cfg.critic.path, ""))
     for name, path, revision in models:
         found = model_positions(path, revision)
@@ -193,10 +193,6 @@ def make_policy(cfg: Config, model, tokenizer) -> PolicyWorker:
     return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))
 
 
-def needs_critic(cfg: Config) -> bool:
-    return bool(ADVANTAGES[cfg.algo.advantage].info.get("critic"))
-
-
 def critic_lm(cfg: Config, policy_model, device: str):
     """The causal LM the critic starts from: `critic.path`'s, or a copy of the policy's model
     (before any LoRA wrapping). It must read the policy's token ids: same vocabulary size."""
@@ -241,7 +237,8 @@ def build_workers(cfg: Config) -> Workers:
         raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
     device = resolve_device(cfg.placement.device)
     model, tokenizer = load_model(cfg, device)
-    critic = make_critic(cfg, critic_lm(cfg, model, device), tokenizer) if needs_critic(cfg) else None
+    critic = (make_critic(cfg, critic_lm(cfg, model, device), tokenizer) if needs_critic(cfg.algo.advantage)
+              else None)
     # LoRA wraps the policy's model in place: the engine keeps a plain copy (merged weights)
     engine_model = copy.deepcopy(model) if cfg.model.lora.rank > 0 else model
     policy = make_policy(cfg, model, tokenizer)
@@ -703,7 +700,7 @@ def build_ray_workers(cfg: Config) -> Workers:
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
     world, replicas = p.policy.ranks, p.rollout.replicas
-    critics = p.critic.ranks if needs_critic(cfg) else 0
+    critics = p.critic.ranks if needs_critic(cfg.algo.advantage) else 0
     check_capacity(cfg, critics)
     names = ["rollout" if replicas == 1 else f"rollout replica {i}" for i in range(replicas)]
     names += [f"policy rank {r}" if world > 1 else "policy" for r in range(world)]

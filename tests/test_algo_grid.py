@@ -17,7 +17,7 @@ from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
-from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS
+from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS, needs_critic
 from reasonrl.trainer import Trainer
 
 REPO_ROOT = Path(__file__).parent.parent
@@ -72,7 +72,7 @@ def test_every_combination_trains_two_steps(tmp_path, monkeypatch, advantage, lo
     for _ in range(2):
         metrics, rollouts, scores, advantages = step(trainer)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
-        if ADVANTAGES[advantage].info.get("critic"):  # token advantages from the critic (test_critic.py)
+        if needs_critic(advantage):  # token advantages from the critic (test_critic.py)
             assert advantages.shape == (8, max(len(c) for c in rollouts.completion_ids))
             assert metrics["critic/updates"] == 1
         else:  # the advantages trained on are the configured formula of these rewards
