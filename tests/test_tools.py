@@ -1,15 +1,18 @@
 """Tools: the calculator (parsed, never evaluated) and the python tool's sandbox, attacked.
 
-The hostile suite runs in both sandbox modes (the bwrap variant is skipped, with the reason,
-where bubblewrap cannot run here). Every case has a short wall-clock limit, is answered with
-an error observation, is counted, and leaves no process of the sandbox's user behind; the
-test process's own limits are untouched. When the tests run as root, the sandbox runs as a
-uid of this test session's own (so leftover processes can be counted exactly); otherwise as
-the current user, where the leftover checks are skipped.
+The hostile suite runs in every sandbox mode (bwrap, unshare, rlimit; a mode that cannot run
+here is skipped with the reason). Every case has a short wall-clock limit, is answered with
+an error observation, is counted, and leaves no process of the sandbox's user and no cgroup
+of the call behind; the test process's own limits are untouched. When the tests run as root,
+the sandbox runs as a uid of this test session's own (so leftover processes can be counted
+exactly); otherwise as the current user, where the leftover-process checks are skipped. The
+per-call memory limit is attacked with both of its mechanisms: the call's cgroup (skipped
+with the reason where none can be made) and the watchdog (forced).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -157,7 +160,7 @@ def test_limits_are_checked():
         Limits(memory_mb=256.5)
     with pytest.raises(ConfigError, match="processes must be an integer > 0, got 0"):
         Limits(processes=0)
-    with pytest.raises(ConfigError, match="sandbox must be one of auto, bwrap, rlimit, got 'docker'"):
+    with pytest.raises(ConfigError, match="must be one of auto, bwrap, unshare, rlimit, got 'docker'"):
         Limits(sandbox="docker")
     with pytest.raises(ConfigError, match="uid must be an unprivileged user id"):
         Limits(uid=0)
@@ -166,19 +169,42 @@ def test_limits_are_checked():
 
 # ----------------------------------------------------------------------------- the sandbox
 
-def _bwrap_reason() -> str | None:
+def _unavailable(mode: str) -> str | None:
+    """Why `mode` cannot run here (None: it can)."""
     try:
-        sandbox_plan("bwrap", TEST_UID if IS_ROOT else 65534)
+        sandbox_plan(mode, TEST_UID if IS_ROOT else 65534)
     except SandboxError as err:
         return str(err)
     return None
 
 
-@pytest.fixture(params=["bwrap", "rlimit"])
+def _bwrap_reason() -> str | None:
+    return _unavailable("bwrap")
+
+
+HIDING_MODES = ("bwrap", "unshare")  # the modes where the code sees only its directory and the system
+
+
+@pytest.fixture(params=["bwrap", "unshare", "rlimit"])
 def mode(request) -> str:
-    """Each sandbox mode; bwrap is skipped where bubblewrap cannot create its namespaces."""
-    if request.param == "bwrap" and (reason := _bwrap_reason()) is not None:
-        pytest.skip(f"bubblewrap mode unavailable here: {reason}")
+    """Each sandbox mode; bwrap and unshare are skipped (with the reason) where they cannot run."""
+    if request.param in HIDING_MODES and (reason := _unavailable(request.param)) is not None:
+        pytest.skip(f"{request.param} mode unavailable here: {reason}")
+    return request.param
+
+
+@pytest.fixture(params=["cgroup", "watchdog"])
+def bounds(request, monkeypatch) -> str:
+    """Each per-call memory mechanism: the machine's cgroup (skipped where none can be made), or
+    the watchdog, forced by a fresh plan cache whose probe finds no cgroup."""
+    if request.param == "cgroup":
+        found = sandbox_module.find_call_bounds()
+        if found.kind == "watchdog":
+            pytest.skip(f"no per-call cgroup here: {found.reason}")
+    else:
+        monkeypatch.setattr(sandbox_module, "find_call_bounds",
+                            lambda: sandbox_module.CallBounds("watchdog", "forced by the test"))
+        monkeypatch.setattr(sandbox_module, "_PLANS", {})
     return request.param
 
 
@@ -203,8 +229,18 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
+def _call_cgroups() -> list[str]:
+    """The cgroups this process's calls made that still exist."""
+    bounds = sandbox_module.find_call_bounds()
+    prefix = f"reasonrl-tool-{os.getpid()}-"
+    return [os.path.join(parent, name) for parent in (bounds.memory, bounds.pids) if parent
+            for name in os.listdir(parent) if name.startswith(prefix)]
+
+
 def assert_no_leftovers() -> None:
-    """No process of the sandbox's user outlives the call (root only: the uid is this session's)."""
+    """No process of the sandbox's user outlives the call (root only: the uid is this session's),
+    and no cgroup of a call is left."""
+    assert _call_cgroups() == []
     if not IS_ROOT:
         return
     deadline = time.monotonic() + 3
@@ -225,12 +261,51 @@ def hostile(mode: str, code: str, **change) -> tuple[Observation, ToolStats]:
     return obs, stats
 
 
-def test_auto_picks_bwrap_when_it_works():
-    plan = sandbox_plan("auto", TEST_UID if IS_ROOT else 65534)
-    reason = _bwrap_reason()
-    assert plan.mode == ("bwrap" if reason is None else "rlimit")
+def test_auto_picks_bwrap_then_unshare_never_rlimit():
+    uid = TEST_UID if IS_ROOT else 65534
+    if _bwrap_reason() is None:
+        expected = "bwrap"
+    elif _unavailable("unshare") is None:
+        expected = "unshare"
+    else:  # no mode hides the host's files here: auto refuses, naming the fix
+        with pytest.raises(SandboxError, match="install bubblewrap.*unprivileged user namespaces"):
+            sandbox_plan("auto", uid)
+        return
+    plan = sandbox_plan("auto", uid)
+    assert plan.mode == expected and plan.files_hidden and plan.network_blocked
     assert plan.run_as == (TEST_UID if IS_ROOT else None)
-    assert plan.summary().startswith(plan.mode)
+    assert plan.summary().startswith(plan.mode) and "per call: memory" in plan.summary()
+    assert plan.bounds.kind in plan.summary()
+
+
+def test_auto_refuses_where_no_mode_hides_files(monkeypatch, capsys):
+    """Neither bubblewrap nor unshare: auto refuses with the fix; rlimit runs only when chosen,
+    with a warning saying what it leaves open."""
+    real_which = shutil.which
+    monkeypatch.setattr(sandbox_module.shutil, "which",
+                        lambda name: None if name in ("bwrap", "unshare") else real_which(name))
+    monkeypatch.setattr(sandbox_module, "_PLANS", {})
+    uid = limits("auto").uid
+    with pytest.raises(SandboxError) as refused:
+        sandbox_plan("auto", uid)
+    message = str(refused.value)
+    assert "no mode that hides the host's files works here" in message
+    assert "bwrap not found" in message and "unshare (util-linux) not found" in message
+    assert "apt-get install bubblewrap" in message and "allow unprivileged user namespaces" in message
+    assert "env.sandbox=rlimit" in message
+    obs = run_python("print(1)", limits("auto"))
+    assert obs.error.startswith("sandbox unavailable: tool sandbox 'auto': no mode that hides")
+    assert not obs.output
+    with pytest.raises(SandboxError, match="tool sandbox 'unshare' asked for, but unshare .* not found"):
+        sandbox_plan("unshare", uid)
+    capsys.readouterr()
+    plan = sandbox_plan("rlimit", uid)  # chosen explicitly: it runs, and says what it leaves open
+    assert plan.mode == "rlimit" and not plan.files_hidden
+    assert "sandbox=rlimit chosen" in plan.reason
+    warning = capsys.readouterr().err
+    assert warning.startswith("[reasonrl] WARNING: tool sandbox: rlimit")
+    assert "host's files are visible" in warning
+    assert run_python("print(6 * 7)", limits("rlimit")).output == "42\n"
 
 
 def test_runs_code_and_reports(mode, monkeypatch):
@@ -241,11 +316,15 @@ def test_runs_code_and_reports(mode, monkeypatch):
     obs, _ = hostile(mode, code)
     lines = obs.output.splitlines()
     plan = sandbox_plan(mode, limits(mode).uid)
-    if mode == "bwrap" or not IS_ROOT and plan.unshare:  # the uid inside a user namespace
+    if mode == "bwrap" or mode == "rlimit" and not IS_ROOT and plan.unshare:  # the uid in a user namespace
         uid = 65534
+    elif mode == "unshare" and not IS_ROOT:  # --map-root-user: 0 inside, with no capability
+        uid = 0
     else:
         uid = TEST_UID if IS_ROOT else os.getuid()
     assert lines[0] == f"{uid} 1 None" and lines[1].startswith("['main.py', 'note.txt']")
+    if mode in HIDING_MODES:
+        assert lines[1].endswith(" /sandbox")
     assert obs.error is None and obs.exit_code == 0 and not obs.truncated and not obs.timed_out
     after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("reasonrl-tool-")}
     assert after <= before  # the fresh directory is gone
@@ -277,6 +356,32 @@ def test_memory_bomb(mode):
     assert obs.error == "exit code 1: MemoryError" and not obs.timed_out and stats.errors == 1
 
 
+SPREAD_OUT_BOMB = """import os, time
+children = []
+for _ in range(8):  # each 100 MB, under the per-process limit (256 MB); together 800 MB, over the call's
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * (100 << 20)  # written, so resident
+        time.sleep(30)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print("all children done")
+"""
+
+
+def test_spread_out_memory_bomb(mode, bounds):
+    """Many children, each under the per-process limit, together over the per-call one: the call
+    is killed and says why, by the call's cgroup or by the watchdog."""
+    plan = sandbox_plan(mode, limits(mode).uid)
+    assert plan.bounds.kind.startswith("cgroup") == (bounds == "cgroup")
+    obs, stats = hostile(mode, SPREAD_OUT_BOMB, timeout=10.0)
+    assert obs.error.startswith("memory limit passed: the call's processes together held more than 256 MB")
+    assert plan.bounds.kind in obs.error and not obs.timed_out and obs.output == "" and stats.errors == 1
+    assert obs.seconds < 10
+
+
 def test_a_file_past_the_size_limit_is_refused(mode):
     """`Limits.file_mb` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG)."""
     obs, stats = hostile(mode, "open('big', 'wb').write(b'x' * (4 << 20))", file_mb=1)
@@ -305,9 +410,43 @@ def test_output_flood(mode):
     assert time.monotonic() - start < TIMEOUT
 
 
+def test_a_call_whose_cgroup_cannot_be_made_falls_back_to_the_watchdog(monkeypatch):
+    """The machine has cgroups but this call's cannot be made (a parent's limit on cgroups):
+    the call runs under the watchdog, which still stops the spread-out bomb."""
+    mode = "unshare" if _unavailable("unshare") is None else "rlimit"
+    if sandbox_plan(mode, limits(mode).uid).bounds.kind == "watchdog":
+        pytest.skip("no per-call cgroup here: the watchdog is in force anyway (test_spread_out_memory_bomb)")
+
+    def refused(self, bounds, limits):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sandbox_module._CallCgroup, "__init__", refused)
+    assert hostile(mode, "print(6 * 7)")[0].output == "42\n"
+    obs, _ = hostile(mode, SPREAD_OUT_BOMB, timeout=10.0)
+    assert obs.error.startswith("memory limit passed") and "; watchdog)" in obs.error and not obs.timed_out
+
+
+def test_no_proc_means_no_per_call_bound(monkeypatch):
+    """Without /proc (not Linux) neither a cgroup nor the watchdog can see a call's processes:
+    the plan says so, and calls still run under the per-process limits."""
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(sandbox_module.os.path, "isdir",
+                        lambda path: False if path == "/proc/self/task" else real_isdir(path))
+    bounds = sandbox_module.find_call_bounds()
+    monkeypatch.setattr(sandbox_module.os.path, "isdir", real_isdir)
+    assert bounds.kind == "none" and "no /proc here" in bounds.reason
+    monkeypatch.setattr(sandbox_module, "find_call_bounds", lambda: bounds)
+    monkeypatch.setattr(sandbox_module, "_PLANS", {})
+    plan = sandbox_plan("rlimit", limits("rlimit").uid)
+    assert "per call: NOT bounded, memory per process only (RLIMIT_AS)" in plan.summary()
+    assert hostile("rlimit", "print(6 * 7)")[0].output == "42\n"
+    obs, _ = hostile("rlimit", "x = []\nwhile True:\n    x.append(bytearray(50 << 20))")
+    assert obs.error == "exit code 1: MemoryError"
+
+
 def test_reads_etc_passwd(mode):
     obs, _ = hostile(mode, "print(open('/etc/passwd').read())")
-    if mode == "bwrap":  # not in the sandbox's filesystem
+    if mode in HIDING_MODES:  # not in the sandbox's filesystem
         assert obs.error.startswith("exit code 1: FileNotFoundError") and "root:" not in obs.output
     else:  # documented: rlimit mode cannot hide world-readable files
         assert obs.error is None and "root:x:0:0" in obs.output
@@ -317,7 +456,7 @@ def test_reads_repository_files(mode, tmp_path):
     obs, _ = hostile(mode, "print(open('pyproject.toml').read())")  # relative: its own fresh directory
     assert obs.error.startswith("exit code 1: FileNotFoundError")
     obs, _ = hostile(mode, f"print(open({str(REPO_ROOT / 'pyproject.toml')!r}).read())")
-    if mode == "bwrap":
+    if mode in HIDING_MODES:
         assert obs.error.startswith("exit code 1: FileNotFoundError") and "reasonrl" not in obs.output
     else:  # documented: world-readable files stay readable in rlimit mode
         assert obs.error is None and "[project]" in obs.output
@@ -325,7 +464,7 @@ def test_reads_repository_files(mode, tmp_path):
     secret.write_text("hf_secret")
     secret.chmod(0o600)
     obs, _ = hostile(mode, f"print(open({str(secret)!r}).read())")
-    if IS_ROOT or mode == "bwrap":  # another uid (rlimit) or not in the filesystem (bwrap)
+    if IS_ROOT or mode in HIDING_MODES:  # another uid (rlimit) or not in the filesystem
         assert obs.error.startswith(("exit code 1: PermissionError", "exit code 1: FileNotFoundError"))
         assert "hf_secret" not in obs.output
 
@@ -334,7 +473,7 @@ def test_writes_outside_its_directory(mode):
     target = REPO_ROOT / f"sandbox-escape-{os.getpid()}.txt"
     try:
         obs, _ = hostile(mode, f"open({str(target)!r}, 'w').write('pwned')")
-        if IS_ROOT or mode == "bwrap":  # another uid (rlimit) or not in the filesystem (bwrap)
+        if IS_ROOT or mode in HIDING_MODES:  # another uid (rlimit) or not in the filesystem
             assert not target.exists()
             assert obs.error.startswith(("exit code 1: PermissionError", "exit code 1: FileNotFoundError"))
     finally:  # not root, rlimit: the code runs as the repository's owner (documented)
@@ -342,12 +481,43 @@ def test_writes_outside_its_directory(mode):
     shared = Path(tempfile.gettempdir()) / f"sandbox-escape-{os.getpid()}.txt"
     try:
         obs, _ = hostile(mode, f"open({str(shared)!r}, 'w').write('x')")
-        if mode == "bwrap":  # no /tmp of the host inside
+        if mode in HIDING_MODES:  # no /tmp of the host inside
             assert obs.error.startswith("exit code 1: FileNotFoundError") and not shared.exists()
         else:  # documented: rlimit mode can write world-writable places
             assert obs.error is None and shared.read_text() == "x"
     finally:
         shared.unlink(missing_ok=True)
+
+
+LOOK_AROUND = """import json, os
+found = {"root": sorted(os.listdir("/")), "repository": os.path.exists(REPO), "written": []}
+for path in ("/usr/x", "/x", "/dev/x", "/etc/x", "/proc/x"):
+    try:
+        open(path, "w").close()
+        found["written"].append(path)
+    except OSError:
+        pass
+status = open("/proc/self/status").read().splitlines()
+found["status"] = [line.split()[1] for line in status if line.startswith(("CapEff", "CapBnd", "NoNewPrivs"))]
+print(json.dumps(found))
+"""
+
+
+def test_sees_only_its_directory_and_a_read_only_system(mode):
+    """bwrap and unshare: the root holds the system binds, /dev, /proc and /sandbox only; the
+    system is read-only, the repository is nowhere, no capability is left to remount anything."""
+    if mode not in HIDING_MODES:
+        pytest.skip("rlimit mode shows the host's filesystem (documented; tests above)")
+    obs, _ = hostile(mode, f"REPO = {str(REPO_ROOT)!r}\n" + LOOK_AROUND)
+    assert obs.error is None, obs
+    found = json.loads(obs.output)
+    system = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sandbox"}
+    python_dirs = {p.split("/")[1] for p in sandbox_plan(mode, limits(mode).uid).python_dirs}
+    assert {"sandbox", "usr", "dev", "proc"} <= set(found["root"]) <= system | python_dirs
+    assert "tmp" not in found["root"] and not found["repository"]
+    assert found["written"] == []
+    if mode == "unshare":  # the bootstrap emptied every capability set and set no_new_privs
+        assert found["status"] == ["0000000000000000", "0000000000000000", "1"]
 
 
 def _connect_code(port: int) -> str:
@@ -361,7 +531,7 @@ def test_network_to_local_listener(mode):
         port = server.getsockname()[1]
         obs, _ = hostile(mode, _connect_code(port))
         blocked = sandbox_plan(mode, limits(mode).uid).network_blocked
-        if blocked:  # bwrap, or rlimit with unshare: a network namespace with no route out
+        if blocked:  # bwrap, unshare, or rlimit with unshare: a network namespace with no route out
             assert obs.error.startswith(("exit code 1: ConnectionRefusedError", "exit code 1: OSError"))
             with pytest.raises(TimeoutError):
                 server.accept()
@@ -375,21 +545,26 @@ def test_network_without_unshare_is_not_blocked(monkeypatch):
     monkeypatch.setattr(sandbox_module.shutil, "which",
                         lambda name: None if name in ("bwrap", "unshare") else real_which(name))
     monkeypatch.setattr(sandbox_module, "_PLANS", {})
-    plan = sandbox_plan("auto", limits("rlimit").uid)
+    plan = sandbox_plan("rlimit", limits("rlimit").uid)
     assert plan.mode == "rlimit" and not plan.network_blocked and "NOT blocked" in plan.summary()
-    assert "bwrap not found (Debian/Ubuntu: apt-get install bubblewrap)" in plan.reason
+    assert "sandbox=rlimit chosen; unshare (util-linux) not found" in plan.reason
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(5)
-        obs, _ = hostile("auto", _connect_code(server.getsockname()[1]))
+        obs, _ = hostile("rlimit", _connect_code(server.getsockname()[1]))
         assert obs.output == "connected\n" and obs.error is None
         connection, _ = server.accept()
         with connection:
             assert connection.recv(5) == b"hello"
-    obs, _ = hostile("auto", "while True:\n    pass")  # the limits still hold
+    obs, _ = hostile("rlimit", "while True:\n    pass")  # the limits still hold
     assert obs.timed_out
     if IS_ROOT:  # another uid: the trainer is out of reach
-        obs, _ = hostile("auto", "import os\nos.kill(os.getppid(), 9)")
+        obs, _ = hostile("rlimit", "import os\nos.kill(os.getppid(), 9)")
         assert obs.error.startswith("exit code 1: PermissionError")
+    if plan.bounds.kind != "watchdog":  # the call's cgroup catches what leaves the process group
+        code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n"
+                "print('parent done')")
+        obs, _ = hostile("rlimit", code)  # hostile() asserts that no process of the sandbox user remains
+        assert obs.output == "parent done\n"
 
 
 def test_kills_its_parent(mode):
@@ -405,9 +580,10 @@ def test_kills_its_parent(mode):
 
 
 def test_escaped_background_process_is_killed(mode):
-    if mode == "rlimit" and not sandbox_plan(mode, limits(mode).uid).network_blocked:
-        pytest.skip("rlimit without unshare: a process that calls setsid() outlives the group kill "
-                    "(documented)")
+    plan = sandbox_plan(mode, limits(mode).uid)
+    if mode == "rlimit" and not plan.network_blocked and plan.bounds.kind == "watchdog":
+        pytest.skip("rlimit without unshare nor a cgroup: a process that calls setsid() outlives the group "
+                    "kill (documented)")
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n"
             "print('parent done')")
     obs, _ = hostile(mode, code)  # hostile() asserts that no process of the sandbox user remains
@@ -453,6 +629,31 @@ def test_forced_bwrap_where_unavailable_is_an_error_observation(monkeypatch):
         sandbox_plan("bwrap", 65534)
     obs = run_python("print(1)", Limits(sandbox="bwrap"))
     assert obs.error.startswith("sandbox unavailable: tool sandbox 'bwrap' asked for, but bwrap not found")
+    obs = run_python("print(1)", Limits(sandbox="unshare"))
+    assert obs.error.startswith("sandbox unavailable: tool sandbox 'unshare' asked for, but unshare")
+
+
+def test_unshare_that_cannot_make_namespaces_is_refused(monkeypatch):
+    """util-linux unshare refused (no user namespaces, not root): unshare mode says why and what
+    to do; auto, with no bubblewrap either, refuses to start."""
+    folder = Path(tempfile.mkdtemp(prefix="fake-unshare-"))
+    try:
+        folder.chmod(0o755)
+        fake = folder / "unshare"
+        fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        real_which = shutil.which
+        monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: (
+            str(fake) if name == "unshare" else None if name == "bwrap" else real_which(name)))
+        monkeypatch.setattr(sandbox_module, "_PLANS", {})
+        with pytest.raises(SandboxError, match="unshare --mount --net --pid.* with a private root failed: "
+                                               "exit code 1: unshare: unshare failed: Operation not "
+                                               "permitted; install bubblewrap"):
+            sandbox_plan("unshare", limits("auto").uid)
+        with pytest.raises(SandboxError, match="tool sandbox 'auto': no mode that hides the host's files"):
+            sandbox_plan("auto", limits("auto").uid)
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_concurrent_calls(mode):
@@ -470,8 +671,6 @@ def test_concurrent_calls(mode):
 
 def test_cli_tool(capsys):
     """`reasonrl tool` prints the observation as JSON, with the sandbox mode."""
-    import json
-
     from reasonrl.cli import main
 
     assert main(["tool", "calculator", "347 * 29"]) == 0
@@ -486,13 +685,15 @@ def test_cli_tool(capsys):
     assert main(["tool", "python", "print(6 * 7)"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["output"] == "42\n"
-    assert printed["mode"] == ("bwrap" if _bwrap_reason() is None else "rlimit")
+    expected = "bwrap" if _bwrap_reason() is None else "unshare" if _unavailable("unshare") is None else None
+    assert printed["mode"] == (expected or "unavailable")
     assert main(["tool", "python", "print(1)", "--memory-mb", "8"]) == 2
     assert "memory_mb must be >= 64" in capsys.readouterr().err
 
 
 def test_auto_falls_back_when_bwrap_cannot_create_namespaces(monkeypatch):
-    """bubblewrap installed but refused (no user namespaces): auto says why and uses rlimit."""
+    """bubblewrap installed but refused (no user namespaces): auto says why and uses unshare
+    (or, where that cannot run either, refuses)."""
     folder = Path(tempfile.mkdtemp(prefix="fake-bwrap-"))
     try:
         folder.chmod(0o755)  # the sandbox user must be able to run it, as it would the real one
@@ -503,11 +704,15 @@ def test_auto_falls_back_when_bwrap_cannot_create_namespaces(monkeypatch):
         monkeypatch.setattr(sandbox_module.shutil, "which",
                             lambda name: str(fake) if name == "bwrap" else real_which(name))
         monkeypatch.setattr(sandbox_module, "_PLANS", {})
-        plan = sandbox_plan("auto", limits("auto").uid)
-        assert plan.mode == "rlimit"
-        assert "bwrap cannot create its namespaces here: exit code 1: bwrap: No permissions" in plan.reason
         with pytest.raises(SandboxError, match="tool sandbox 'bwrap' asked for, but bwrap cannot create"):
             sandbox_plan("bwrap", limits("auto").uid)
+        if _unavailable("unshare") is not None:
+            with pytest.raises(SandboxError, match="bwrap cannot create its namespaces here: exit code 1"):
+                sandbox_plan("auto", limits("auto").uid)
+            return
+        plan = sandbox_plan("auto", limits("auto").uid)
+        assert plan.mode == "unshare"
+        assert "bwrap cannot create its namespaces here: exit code 1: bwrap: No permissions" in plan.reason
         assert hostile("auto", "print(7 * 6)")[0].output == "42\n"
     finally:
         shutil.rmtree(folder)
