@@ -1,10 +1,12 @@
 """The records that cross stage boundaries, one dataclass per boundary.
 
-data -> `Example`; rollout engine -> `Rollouts`; rewards -> `Scores`; the batch collected
-for a step (rollouts, scores, shaped rewards, which rows train) -> `StepBatch`; the trainer
-then packs rollouts + advantages into a `TrainBatch` for the policy worker. Everything that
-is per completion is aligned by index (row i of every tensor is completion i), and a
-per-completion record can be cut (`take`) and joined (`concat`) as a whole.
+data -> `Example`; rollout engine -> `Rollouts` (multi-turn: with `EpisodeStats`); rewards
+-> `Scores`; the batch collected for a step (rollouts, scores, shaped rewards, which rows
+train) -> `StepBatch`; the advantage stage (`reasonrl.advantage`) -> the advantages and, for
+a critic, a `CriticBatch`; the trainer then packs rollouts + advantages into a `TrainBatch`
+for the policy worker. Everything that is per completion is aligned by index (row i of every
+tensor is completion i), and a per-completion record can be cut (`take`) and joined
+(`concat`) as a whole.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ R = TypeVar("R", bound="Rows")
 
 
 class Rows:
-    """A record with one entry per completion in each tensor, list or dict-of-tensors field;
-    other fields (counts, versions) describe the whole record."""
+    """A record with one entry per completion in each tensor, list or dict-of-tensors field
+    (and in a field that is itself such a record); other fields (counts, versions, names)
+    describe the whole record."""
 
     def take(self: R, rows: list[int]) -> R:
         """These rows, in this order; the other fields are kept."""
@@ -33,6 +36,8 @@ class Rows:
                 values[f.name] = [v[i] for i in rows]
             elif isinstance(v, dict):
                 values[f.name] = {k: x[rows] for k, x in v.items()}
+            elif isinstance(v, Rows):
+                values[f.name] = v.take(rows)
         return dataclasses.replace(self, **values)
 
     @classmethod
@@ -52,6 +57,8 @@ class Rows:
                 values[f.name] = [x for v in vs for x in v]
             elif isinstance(vs[0], dict):
                 values[f.name] = {k: torch.cat([v[k] for v in vs]) for k in vs[0]}
+            elif isinstance(vs[0], Rows):
+                values[f.name] = type(vs[0]).concat(vs)
             elif isinstance(vs[0], (int, float)):
                 values[f.name] = f.metadata.get("merge", sum)(vs)
         return dataclasses.replace(records[0], **values)
@@ -85,12 +92,34 @@ class Turn:
 
 
 @dataclass
+class EpisodeStats(Rows):
+    """What multi-turn episodes add to their `Rollouts` (`Rollouts.episodes`; None for
+    single-turn rows): each episode's turns and the counts behind the `env/` metrics."""
+
+    environment: str  # the environment the episodes ran in (env.name, or env.fn's class)
+    turns: list[list[Turn]]  # per row, the model's turns and what the environment made of each
+    tool_calls: torch.Tensor  # [N] long: tool calls the environment ran
+    tool_errors: torch.Tensor  # [N] long: of those, calls that failed (timeouts included)
+    tool_timeouts: torch.Tensor  # [N] long: of those, calls the tool's timeout ended
+    step_errors: torch.Tensor  # [N] long: environment steps that raised, hung or answered badly
+    step_timeouts: torch.Tensor  # [N] long: of those, steps that ran past env.step_timeout
+    reward: torch.Tensor  # [N] float: the environment's rewards, summed
+    seconds: float = 0.0  # wall-clock seconds of environment steps (merged rollouts: summed)
+
+    @property
+    def num_turns(self) -> torch.Tensor:
+        """[N] long: the model's turns per episode."""
+        return torch.tensor([len(t) for t in self.turns], dtype=torch.long)
+
+
+@dataclass
 class Rollouts(Rows):
     """G completions for each of B prompts, flattened to N = B * G rows, group-major.
 
     A row is an episode: its completion is one flat id sequence after the prompt, the model's
     turns and the environment's observations in order, with `token_mask` 1 exactly on the
-    ids the model sampled. A single-turn row is the one-turn case: every id is the model's.
+    ids the model sampled. A single-turn row is the one-turn case: every id is the model's,
+    and there are no episode statistics.
     """
 
     prompt_ids: list[list[int]]  # the prompt's token ids (no padding), per row
@@ -105,30 +134,11 @@ class Rollouts(Rows):
     # per row, aligned with completion_ids: 1 on the model's sampled ids, 0 on the environment's
     # (None at construction: all ones, a single-turn row)
     token_mask: list[list[int]] | None = None
-    turns: list[list[Turn]] | None = None  # per row, the episode's turns (None: one turn, the text)
-    num_turns: torch.Tensor | None = None  # [N] long: model turns (None: ones)
-    tool_calls: torch.Tensor | None = None  # [N] long: tool calls the environment ran (None: zeros)
-    tool_errors: torch.Tensor | None = None  # [N] long: of those, calls that failed (timeouts included)
-    tool_timeouts: torch.Tensor | None = None  # [N] long: of those, calls the tool's timeout ended
-    env_errors: torch.Tensor | None = None  # [N] long: environment steps that raised, hung or answered badly
-    env_timeouts: torch.Tensor | None = None  # [N] long: of those, steps that ran past env.step_timeout
-    env_reward: torch.Tensor | None = None  # [N] float: the environment's rewards, summed (None: zeros)
-    environment: str = ""  # the environment the episodes ran in; "" = none (single-turn)
-    env_seconds: float = 0.0  # wall-clock seconds of environment steps (merged rollouts: summed)
+    episodes: EpisodeStats | None = None  # multi-turn episodes' turns and counts (None: single-turn)
 
     def __post_init__(self) -> None:
-        n = len(self.completion_ids)
         if self.token_mask is None:
             self.token_mask = [[1] * len(c) for c in self.completion_ids]
-        if self.turns is None:
-            self.turns = [[Turn(text)] for text in self.texts]
-        if self.num_turns is None:
-            self.num_turns = torch.ones(n, dtype=torch.long)
-        for name in ("tool_calls", "tool_errors", "tool_timeouts", "env_errors", "env_timeouts"):
-            if getattr(self, name) is None:
-                setattr(self, name, torch.zeros(n, dtype=torch.long))
-        if self.env_reward is None:
-            self.env_reward = torch.zeros(n, dtype=torch.float32)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -161,10 +171,14 @@ class StepBatch:
 
     rollouts: Rollouts
     scores: Scores
-    rewards: torch.Tensor  # [N] the task scores plus shaping (overlong penalty, KL in the reward)
-    trainable: torch.Tensor  # [N] bool: rows that enter the loss
+    # [N] the scores' totals (the environment's rewards included) plus DAPO's overlong penalty;
+    # KL in the reward is not here: the advantage stage subtracts it (`reasonrl.advantage`)
+    rewards: torch.Tensor
+    # [N] bool: rows that may enter the loss: all, or none when dynamic sampling found no
+    # informative group (algo.mask_truncated then leaves truncated rows out)
+    trainable: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)  # rollout/ and reward/ metrics of collecting
-    seconds: dict[str, float] = field(default_factory=dict)  # time spent: rollout, reward
+    seconds: dict[str, float] = field(default_factory=dict)  # rollout, reward (multi-turn: env) seconds
 
 
 @dataclass
@@ -173,7 +187,7 @@ class TrainBatch:
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    advantages: torch.Tensor  # [N] float, one per completion
+    advantages: torch.Tensor  # [N] float, one per completion; [N, T] per token (a critic's GAE)
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
     sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, TIS)
     # per row, aligned with completion_ids: 1 on model tokens (loss, KL, entropy), 0 on the

@@ -48,8 +48,8 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         rewards = scores.total + overlong_penalty(rollouts.model_lengths, sampling.max_new_tokens,
                                                   algo.overlong_buffer, algo.overlong_penalty)
         seconds["reward"] += time.perf_counter() - t
-        if rollouts.environment:  # part of the rollout's time: its environment steps
-            seconds["env"] = seconds.get("env", 0.0) + rollouts.env_seconds
+        if rollouts.episodes is not None:  # part of the rollout's time: its environment steps
+            seconds["env"] = seconds.get("env", 0.0) + rollouts.episodes.seconds
         generated += rollouts.model_lengths.sum().item()
         sampled_rewards.append(scores.total)
         if not algo.dynamic_sampling:

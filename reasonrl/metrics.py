@@ -48,28 +48,28 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
     if "correct" in scores.components:
         # solved = full marks: partial credit (countdown's format score) is not accuracy
         metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
-    if rollouts.environment:
+    if rollouts.episodes is not None:
         metrics.update(episode_metrics(rollouts))
     return metrics
 
 
 def episode_metrics(rollouts: Rollouts) -> dict[str, float]:
-    """env/ metrics of multi-turn episodes: model turns and tool calls per episode (means), the
-    share of episodes that called a tool, tool calls that failed or timed out (and the failed
-    share of all calls: errors / calls, 0 without a call) and environment
-    steps that failed or timed out (counts in the batch), the environment's reward per episode
-    (mean), and the model's vs the environment's tokens per episode (means)."""
-    model = rollouts.model_lengths
+    """env/ metrics of multi-turn episodes (`rollouts.episodes`): model turns and tool calls
+    per episode (means), the share of episodes that called a tool, tool calls that failed or
+    timed out (and the failed share of all calls: errors / calls, 0 without a call) and
+    environment steps that failed or timed out (counts in the batch), the environment's reward
+    per episode (mean), and the model's vs the environment's tokens per episode (means)."""
+    model, ep = rollouts.model_lengths, rollouts.episodes
     return {
-        "env/turns_mean": rollouts.num_turns.float().mean().item(),
-        "env/tool_calls_mean": rollouts.tool_calls.float().mean().item(),
-        "env/tool_call_share": (rollouts.tool_calls > 0).float().mean().item(),
-        "env/tool_errors": float(rollouts.tool_errors.sum().item()),
-        "env/tool_error_rate": rollouts.tool_errors.sum().item() / max(rollouts.tool_calls.sum().item(), 1),
-        "env/tool_timeouts": float(rollouts.tool_timeouts.sum().item()),
-        "env/step_errors": float(rollouts.env_errors.sum().item()),
-        "env/step_timeouts": float(rollouts.env_timeouts.sum().item()),
-        "env/reward_mean": rollouts.env_reward.mean().item(),
+        "env/turns_mean": ep.num_turns.float().mean().item(),
+        "env/tool_calls_mean": ep.tool_calls.float().mean().item(),
+        "env/tool_call_share": (ep.tool_calls > 0).float().mean().item(),
+        "env/tool_errors": float(ep.tool_errors.sum().item()),
+        "env/tool_error_rate": ep.tool_errors.sum().item() / max(ep.tool_calls.sum().item(), 1),
+        "env/tool_timeouts": float(ep.tool_timeouts.sum().item()),
+        "env/step_errors": float(ep.step_errors.sum().item()),
+        "env/step_timeouts": float(ep.step_timeouts.sum().item()),
+        "env/reward_mean": ep.reward.mean().item(),
         "env/model_tokens_mean": model.mean().item(),
         "env/env_tokens_mean": (rollouts.completion_lengths - model).mean().item(),
     }

@@ -263,9 +263,9 @@ class Trainer:
             for row, i in zip(rows, picks, strict=True):
                 if scores.failures[i] is not None:
                     row["reward_error"] = scores.failures[i]
-        if rollouts.environment:  # multi-turn: each turn (model, tool call, observation) for the report
+        if rollouts.episodes is not None:  # multi-turn: each turn (model, tool call, observation)
             for row, i in zip(rows, picks, strict=True):
-                row["turns"] = [dataclasses.asdict(turn) for turn in rollouts.turns[i]]
+                row["turns"] = [dataclasses.asdict(turn) for turn in rollouts.episodes.turns[i]]
         return rows
 
     def fit(self) -> RunResult:

@@ -72,7 +72,7 @@ def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokeni
     limit is a prefix of them) with the environment's ids between them; the mask is 1 exactly
     on the sampled ids; the policy's micro-batches train on those ids with that mask. Call t of
     the engine sampled, in row order, the rows that had more than t turns."""
-    assert max(r.num_turns.tolist()) >= 2  # really multi-turn
+    assert max(r.episodes.num_turns.tolist()) >= 2  # really multi-turn
     for k in range(len(r)):
         ids, mask = r.completion_ids[k], r.token_mask[k]
         assert len(mask) == len(ids) and set(mask) <= {0, 1}
@@ -82,9 +82,9 @@ def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokeni
                 runs.append((mask[start], ids[start:t]))
                 start = t
         model_runs = [run for bit, run in runs if bit == 1]
-        assert len(model_runs) == int(r.num_turns[k])
+        assert len(model_runs) == int(r.episodes.num_turns[k])
         for turn, run in enumerate(model_runs):
-            j = sum(1 for i in range(k) if int(r.num_turns[i]) > turn)  # its row in that engine call
+            j = sum(1 for i in range(k) if int(r.episodes.num_turns[i]) > turn)  # its row in that engine call
             sample = sampled[turn][j]
             assert run == sample[: len(run)], f"row {k} turn {turn}: not the ids the engine sampled"
             assert len(run) == len(sample) or (turn == len(model_runs) - 1 and bool(r.truncated[k]))

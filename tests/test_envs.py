@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import check_token_in_token_out, policy_settings, spy_on
 
-from reasonrl.batch import Example, Rollouts, Scores, Turn
+from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, Turn
 from reasonrl.config import load_config
 from reasonrl.envs import BadStep, EnvStep, as_step, environment_spec, run_calls, with_env_reward
 from reasonrl.envs.feedback import NO_NUMBER, TOO_HIGH, TOO_LOW, FeedbackEnvironment, feedback
@@ -261,17 +261,18 @@ def test_a_tool_episode_token_by_token(tokenizer):
     c, a = ids_of(tokenizer, call), ids_of(tokenizer, answer)
     assert r.completion_ids[0] == c + output + a
     assert r.token_mask[0] == [1] * len(c) + [0] * len(output) + [1] * len(a)
-    assert r.texts[0] == "The answer is 10063." and r.turns[0][0].call == "calculator: 347 * 29"
-    assert r.turns[0][0].observation == "<output>\n10063\n</output>\n" and r.turns[0][1].observation is None
+    assert r.texts[0] == "The answer is 10063." and r.episodes.turns[0][0].call == "calculator: 347 * 29"
+    turns = r.episodes.turns
+    assert turns[0][0].observation == "<output>\n10063\n</output>\n" and turns[0][1].observation is None
     assert r.completion_ids[1] == ids_of(tokenizer, "It is 5.<|im_end|>") and r.token_mask[1] == [1] * 6
     refused = ids_of(tokenizer, "<calculator>x</calculator>")
     error_obs = r.completion_ids[2][len(refused): -len(ids_of(tokenizer, "<calculator>y</calculator>"))]
     assert tokenizer.decode(error_obs).startswith("<output>\nerror: calculator:")
-    assert r.turns[2][1].call == "calculator: y"  # ran at the last turn: observation not appended
+    assert r.episodes.turns[2][1].call == "calculator: y"  # ran at the last turn: observation not appended
     assert r.completion_ids[3] == ids_of(tokenizer, script[0][3])[:16] and r.token_mask[3] == [1] * 16
     assert r.truncated.tolist() == [False, False, True, True]
-    assert r.num_turns.tolist() == [2, 1, 2, 1] and r.tool_calls.tolist() == [1, 0, 2, 0]
-    assert r.tool_errors.tolist() == [0, 0, 2, 0] and r.env_errors.tolist() == [0, 0, 0, 0]
+    assert r.episodes.num_turns.tolist() == [2, 1, 2, 1] and r.episodes.tool_calls.tolist() == [1, 0, 2, 0]
+    assert r.episodes.tool_errors.tolist() == [0, 0, 2, 0] and r.episodes.step_errors.tolist() == [0, 0, 0, 0]
     # sampler log-probs: the engine's per model token, 0 on the environment's
     assert r.sampler_logprobs[0].tolist() == ([-0.5 - k for k in range(len(c))] + [0.0] * len(output)
                                               + [-0.5 - k for k in range(len(a))])
@@ -319,9 +320,9 @@ def test_an_environment_that_fails_is_an_error_observation_never_a_crash(tokeniz
                      "env.step_timeout=0.5")
     r = RolloutWorker(engine, tokenizer, env=environment_spec(cfg)).rollout(
         EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=16), seeds=[3])
-    assert r.env_errors.tolist() == [3, 3] and r.env_timeouts.tolist() == [1, 1]
-    assert r.num_turns.tolist() == [3, 3] and r.truncated.tolist() == [True, True]
-    first = r.turns[0]
+    assert r.episodes.step_errors.tolist() == [3, 3] and r.episodes.step_timeouts.tolist() == [1, 1]
+    assert r.episodes.num_turns.tolist() == [3, 3] and r.truncated.tolist() == [True, True]
+    first = r.episodes.turns[0]
     assert first[0].error == "the environment's step raised RuntimeError: boom"
     assert first[0].observation == "\n[environment error: the environment's step raised RuntimeError: boom]\n"
     assert first[1].error.startswith("the observation is int")
@@ -335,8 +336,9 @@ def test_an_environment_that_fails_is_an_error_observation_never_a_crash(tokeniz
     engine = ScriptedEngine(tokenizer, [["It is 5.<|im_end|>"]])
     r = RolloutWorker(engine, tokenizer, env=environment_spec(env_config(f"env.fn={bad_reset}:Env"))).rollout(
         EXAMPLES[:1], SamplingParams(n=1, max_new_tokens=16), seeds=[3])
-    assert r.env_errors.tolist() == [1] and r.num_turns.tolist() == [1] and not bool(r.truncated[0])
-    assert r.turns[0][0].error == "the environment did not start: KeyError: 'x'"
+    assert r.episodes.step_errors.tolist() == [1] and r.episodes.num_turns.tolist() == [1]
+    assert not bool(r.truncated[0])
+    assert r.episodes.turns[0][0].error == "the environment did not start: KeyError: 'x'"
 
 
 def test_chat_observations_close_the_model_turn_and_open_the_next(tokenizer):
@@ -354,7 +356,7 @@ def test_chat_observations_close_the_model_turn_and_open_the_next(tokenizer):
     feedback_ids = ids_of(tokenizer, "\n<|im_start|>user\nToo high.<|im_end|>\n<|im_start|>assistant\n")
     assert r.completion_ids[0] == ids_of(tokenizer, "It is 9.<|im_end|>") + feedback_ids + \
         ids_of(tokenizer, "It is 5.<|im_end|>")
-    assert not bool(r.truncated[0]) and r.num_turns.tolist() == [2] and r.texts == ["It is 5."]
+    assert not bool(r.truncated[0]) and r.episodes.num_turns.tolist() == [2] and r.texts == ["It is 5."]
 
 
 def test_single_turn_is_the_one_turn_case(tokenizer):
@@ -362,9 +364,9 @@ def test_single_turn_is_the_one_turn_case(tokenizer):
     r = RolloutWorker(engine, tokenizer).rollout(EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=8),
                                                  seeds=[1])
     assert len(engine.calls) == 1 and engine.calls[0][1] == SamplingParams(n=2, max_new_tokens=8)
-    assert r.environment == "" and r.token_mask == [[1] * 6, [1] * 2]
+    assert r.episodes is None and r.token_mask == [[1] * 6, [1] * 2]  # no episode statistics
     assert r.truncated.tolist() == [False, True]
-    assert r.turns == [[Turn("It is 5.")], [Turn("It is")]] and r.num_turns.tolist() == [1, 1]
+    assert r.texts == ["It is 5.", "It is"]
 
 
 # ---- token in, token out: the HF engine on the tiny model -----------------------------------
@@ -413,12 +415,12 @@ def test_episodes_with_kv_reuse_equal_episodes_that_re_prefill(tiny):
         r = RolloutWorker(engine, tokenizer, env=environment_spec(cfg)).rollout(
             EXAMPLES, SamplingParams(n=2, max_new_tokens=16))
         check_token_in_token_out(r, sampled, tokenizer, tokenizer.pad_token_id)
-        assert int(r.num_turns.max()) >= 2, "no episode reached a second turn"
+        assert int(r.episodes.num_turns.max()) >= 2, "no episode reached a second turn"
         assert reused[0] == 0 and (all(n > 0 for n in reused[1:]) if reuse else not any(reused))
         runs[reuse] = r
     a, b = runs[True], runs[False]
     assert a.completion_ids == b.completion_ids and a.token_mask == b.token_mask
-    assert a.num_turns.tolist() == b.num_turns.tolist() and a.texts == b.texts
+    assert a.episodes.num_turns.tolist() == b.episodes.num_turns.tolist() and a.texts == b.texts
 
 
 def test_hf_engine_stops_at_a_stop_string(tiny):
@@ -443,12 +445,14 @@ def test_hf_engine_stops_at_a_stop_string(tiny):
 # ---- metrics, evaluation, report ---------------------------------------------------------------
 
 def test_episode_metrics_and_env_reward_hand_computed():
+    episodes = EpisodeStats("tool", turns=[[Turn("a1"), Turn("a")], [Turn("b")]],
+                            tool_calls=torch.tensor([2, 0]), tool_errors=torch.tensor([1, 0]),
+                            tool_timeouts=torch.tensor([1, 0]), step_errors=torch.tensor([0, 1]),
+                            step_timeouts=torch.tensor([0, 0]),
+                            reward=torch.tensor([0.5, -1.0]))
     r = Rollouts(prompt_ids=[[1]] * 2, completion_ids=[[5, 6, 7, 8], [9, 10]], texts=["a", "b"],
                  group=torch.tensor([0, 0]), truncated=torch.tensor([False, True]), examples=EXAMPLES,
-                 token_mask=[[1, 0, 0, 1], [1, 1]], num_turns=torch.tensor([2, 1]),
-                 tool_calls=torch.tensor([2, 0]), tool_errors=torch.tensor([1, 0]),
-                 tool_timeouts=torch.tensor([1, 0]), env_errors=torch.tensor([0, 1]),
-                 env_timeouts=torch.tensor([0, 0]), env_reward=torch.tensor([0.5, -1.0]), environment="tool")
+                 token_mask=[[1, 0, 0, 1], [1, 1]], episodes=episodes)
     m = episode_metrics(r)
     assert m == {"env/turns_mean": 1.5, "env/tool_calls_mean": 1.0, "env/tool_call_share": 0.5,
                  "env/tool_errors": 1.0, "env/tool_error_rate": 0.5, "env/tool_timeouts": 1.0,
@@ -461,7 +465,8 @@ def test_episode_metrics_and_env_reward_hand_computed():
     assert with_env_reward(plain, single) is plain
     # cut and joined like every row record
     both = Rollouts.concat([r.take([1]), r.take([0])])
-    assert both.token_mask == [[1, 1], [1, 0, 0, 1]] and both.tool_calls.tolist() == [0, 2]
+    assert both.token_mask == [[1, 1], [1, 0, 0, 1]] and both.episodes.tool_calls.tolist() == [0, 2]
+    assert both.episodes.num_turns.tolist() == [1, 2] and both.episodes.environment == "tool"
 
 
 def test_evaluation_summarises_episodes():
@@ -507,8 +512,9 @@ def test_a_python_call_runs_in_the_sandbox_within_an_episode(tokenizer):
         EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=40), seeds=[9])
     assert r.completion_ids[0] == ids_of(tokenizer, code) + ids_of(tokenizer, "<output>\n42\n</output>\n") + \
         ids_of(tokenizer, answer)
-    assert r.turns[0][0].call == "python: print(6 * 7)" and r.turns[0][0].error is None
-    assert r.tool_calls.tolist() == [1, 0] and r.num_turns.tolist() == [2, 1] and r.texts[0] == "So #### 42"
+    assert r.episodes.turns[0][0].call == "python: print(6 * 7)" and r.episodes.turns[0][0].error is None
+    assert r.episodes.tool_calls.tolist() == [1, 0] and r.episodes.num_turns.tolist() == [2, 1]
+    assert r.texts[0] == "So #### 42"
 
 
 @pytest.fixture(scope="module")
@@ -574,7 +580,7 @@ def test_gae_runs_over_the_model_tokens_of_an_episode():
 
     r = Rollouts(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7, 8], [9, 10]], texts=["a", "b"],
                  group=torch.tensor([0, 1]), truncated=torch.tensor([False, False]), examples=EXAMPLES,
-                 token_mask=[[1, 0, 0, 1], [1, 1]], environment="tool")
+                 token_mask=[[1, 0, 0, 1], [1, 1]])
     scores = Scores(torch.tensor([1.0, 0.0]), {"correct": torch.tensor([1.0, 0.0])})
     batch = StepBatch(r, scores, scores.total.clone(), torch.tensor([True, True]))
     cfg = load_config(REPO / "configs" / "smoke.yaml", ["algo.advantage=gae", "rollout.n=1",

@@ -181,7 +181,8 @@ def environment_spec(cfg: EnvConfig) -> EnvSpec | None:
 def with_env_reward(scores: Scores, rollouts: Rollouts) -> Scores:
     """`scores` with each episode's environment reward (the sum of its steps' rewards) added to
     the total and logged as the component `env`; unchanged for single-turn rollouts."""
-    if not rollouts.environment:
+    if rollouts.episodes is None:
         return scores
-    return dataclasses.replace(scores, total=scores.total + rollouts.env_reward,
-                               components={**scores.components, "env": rollouts.env_reward.clone()})
+    reward = rollouts.episodes.reward
+    return dataclasses.replace(scores, total=scores.total + reward,
+                               components={**scores.components, "env": reward.clone()})

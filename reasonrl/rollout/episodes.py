@@ -20,10 +20,10 @@ Limits: `env.max_turns` model turns; `rollout.max_new_tokens` model tokens in al
 A turn cut by one of them ends its episode, marked truncated; so does an episode still going
 after its last turn, or whose next observation leaves no room for another model token.
 An environment that raises or answers what is not an observation gives the episode an error
-observation (counted in `env_errors`); one that hangs past the timeout ends the episode.
+observation (counted in `step_errors`); one that hangs past the timeout ends the episode.
 
 Without an environment (`env.name=none`) the loop ends after turn 1: a single-turn rollout
-is the one-turn case, the same engine call and the same record.
+is the one-turn case, the same engine call and the same record (without `EpisodeStats`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.batch import Example, Rollouts, Turn
+from reasonrl.batch import EpisodeStats, Example, Rollouts, Turn
 from reasonrl.envs import BadStep, EnvSpec, EnvStep, Outcome, as_step, observation_text, run_calls
 from reasonrl.rollout.base import SEED_BOUND, RolloutEngine, SamplingParams
 
@@ -94,6 +94,9 @@ class ObservationEncoder:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "step_errors", "step_timeouts")  # EpisodeStats'
+
+
 @dataclass
 class Episode:
     """One row's trajectory while it is being played."""
@@ -111,8 +114,7 @@ class Episode:
     over: bool = False
     truncated: bool = False
     start_error: str | None = None  # why its environment did not start
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("tool_calls", "tool_errors", "tool_timeouts", "env_errors", "env_timeouts"), 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     reward: float = 0.0
 
 
@@ -206,8 +208,8 @@ class EpisodeRunner:
                 ep.env = outcome.value
             else:
                 ep.start_error = f"the environment did not start: {outcome.error}"
-                ep.counts["env_errors"] += 1
-                ep.counts["env_timeouts"] += outcome.timed_out
+                ep.counts["step_errors"] += 1
+                ep.counts["step_timeouts"] += outcome.timed_out
         return time.perf_counter() - t
 
     def _record(self, episodes: list[Episode], active: list[int], gen, budgets: list[int]) -> None:
@@ -242,8 +244,8 @@ class EpisodeRunner:
         cfg = self.env.config
         failure = None
         if outcome.timed_out:  # the hung step still owns the environment: nothing more to ask it
-            ep.counts["env_errors"] += 1
-            ep.counts["env_timeouts"] += 1
+            ep.counts["step_errors"] += 1
+            ep.counts["step_timeouts"] += 1
             ep.turns[-1] = dataclasses.replace(ep.turns[-1], error=f"environment step {outcome.error}")
             ep.over = ep.truncated = True
             return
@@ -255,7 +257,7 @@ class EpisodeRunner:
             except BadStep as err:
                 failure = str(err)
         if failure is not None:
-            ep.counts["env_errors"] += 1
+            ep.counts["step_errors"] += 1
             step = EnvStep(observation=error_observation(failure))
         ep.counts["tool_calls"] += step.call is not None
         ep.counts["tool_errors"] += step.call is not None and step.error is not None
@@ -273,7 +275,7 @@ class EpisodeRunner:
         try:
             obs = self.encoder.encode(step.observation, ep.ids[-1] if ep.ids else None)
         except ValueError as err:
-            ep.counts["env_errors"] += 1
+            ep.counts["step_errors"] += 1
             ep.turns[-1] = dataclasses.replace(ep.turns[-1], error=str(err))
             obs = self.encoder.encode(error_observation(str(err)), None)
         obs = obs[: cfg.max_observation_tokens]
@@ -287,12 +289,16 @@ class EpisodeRunner:
 
     def _rollouts(self, episodes: list[Episode], prompts: int, n: int, version: int,
                   seconds: float) -> Rollouts:
-        def count(name: str) -> torch.Tensor:
-            return torch.tensor([ep.counts[name] for ep in episodes], dtype=torch.long)
-
         logprobs = None
         if all(ep.logprobs is not None for ep in episodes):
             logprobs = [torch.tensor(ep.logprobs, dtype=torch.float32) for ep in episodes]
+        stats = None
+        if self.env is not None:
+            counts = {name: torch.tensor([ep.counts[name] for ep in episodes], dtype=torch.long)
+                      for name in COUNTS}
+            stats = EpisodeStats(environment=self.env.name, turns=[ep.turns for ep in episodes], **counts,
+                                 reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+                                 seconds=seconds)
         return Rollouts(
             prompt_ids=[ep.prompt for ep in episodes],
             completion_ids=[ep.ids for ep in episodes],
@@ -303,14 +309,7 @@ class EpisodeRunner:
             sampler_logprobs=logprobs,
             policy_version=version,
             token_mask=[ep.mask for ep in episodes],
-            turns=[ep.turns for ep in episodes],
-            num_turns=torch.tensor([len(ep.turns) for ep in episodes], dtype=torch.long),
-            tool_calls=count("tool_calls"), tool_errors=count("tool_errors"),
-            tool_timeouts=count("tool_timeouts"), env_errors=count("env_errors"),
-            env_timeouts=count("env_timeouts"),
-            env_reward=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
-            environment=self.env.name if self.env is not None else "",
-            env_seconds=seconds,
+            episodes=stats,
         )
 
 
