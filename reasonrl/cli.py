@@ -27,6 +27,7 @@ from reasonrl.errors import (
     ReasonRLError,
     ReportError,
 )
+from reasonrl.eval_command import add_commands
 from reasonrl.registry import VERIFIERS
 
 
@@ -176,157 +177,6 @@ def _tool(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_settings(args: argparse.Namespace, probe: bool):
-    """(config, EvalSettings) from the eval / probe options.
-
-    eval: the options fill the config's `eval` section, the one the trainer's held-out eval
-    uses (`evaluate.eval_settings`), so an option left out takes the section's value: --n
-    (eval.n), --greedy (eval.temperature=0, n 1), --temperature, --top-p, --top-k, --k,
-    --max-new-tokens. --n > 1 without --temperature on a greedy section samples at
-    rollout.temperature. probe: training's sampling (the rollout section: n, temperature,
-    top-p, top-k, max_new_tokens) with the same options on top, without records' own n."""
-    import dataclasses
-
-    from reasonrl.config import EvalConfig
-    from reasonrl.evaluate import eval_settings
-
-    overrides = list(args.overrides)
-    if args.model is not None:
-        overrides.append(f"model.path={args.model}")
-    if args.task is not None:
-        overrides.append(f"reward.task={args.task}")
-    cfg = load_config(args.config, overrides)
-    r, ev = cfg.rollout, cfg.eval
-    base = (r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens) if probe else (
-        ev.n, ev.temperature, ev.top_p, ev.top_k, ev.max_new_tokens)
-    n = args.n if args.n is not None else (1 if args.greedy else base[0])
-    if args.greedy:
-        temperature = 0.0
-    elif args.temperature is not None:
-        temperature = args.temperature
-    else:
-        temperature = r.temperature if base[1] == 0 and n > 1 else base[1]
-    ks: list[int] = []
-    if getattr(args, "k", None):
-        try:
-            ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
-        except ValueError:
-            raise ConfigError(f"--k: expected comma-separated integers like 1,4,16, got {args.k!r}") from None
-    elif not probe and args.n is None:
-        ks = list(ev.k)
-    section = EvalConfig(n=n, temperature=temperature, k=ks,
-                         top_p=args.top_p if args.top_p is not None else base[2],
-                         top_k=args.top_k if args.top_k is not None else base[3],
-                         max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else base[4])
-    options = dict(limit=args.limit, batch_size=args.batch_size, entropy=not args.no_entropy,
-                   progress=not args.no_progress, record_overrides=not probe)
-    settings = eval_settings(dataclasses.replace(cfg, eval=section), **options)
-    settings.check()
-    if not probe:
-        cfg = dataclasses.replace(cfg, eval=section)
-    return cfg, settings
-
-
-def _write_json(path: str, report: dict) -> None:
-    from pathlib import Path
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"[reasonrl] wrote {path}", flush=True)
-
-
-def _eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from reasonrl.evaluate import compare_deltas, eval_report, format_compare, format_table, run
-
-    base = None
-    if args.compare:  # read it first: a bad file fails before the model runs
-        try:
-            base = json.loads(Path(args.compare).read_text())
-            assert isinstance(base, dict) and isinstance(base.get("overall"), dict)
-        except (OSError, ValueError, AssertionError):
-            raise DataError(f"--compare {args.compare}: not a JSON file written by `reasonrl eval`") from None
-    cfg, settings = _eval_settings(args, probe=False)
-    results, record = run(cfg, settings, args.data)
-    report = eval_report(results, record, settings.ks)
-    t = report["times"]
-    print(f"[reasonrl] eval of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
-          f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
-          f"reward {t['reward_s']:.1f})", flush=True)
-    print(format_table(report), flush=True)
-    if base is not None:
-        report["compare"] = {"base": args.compare, "deltas": compare_deltas(base, report)}
-        print(f"[reasonrl] {args.compare} -> this evaluation", flush=True)
-        print(format_compare(base, report, Path(args.compare).stem, "this"), flush=True)
-    if args.output:
-        _write_json(args.output, report)
-    return 0
-
-
-def _probe(args: argparse.Namespace) -> int:
-    from reasonrl.evaluate import ProbeThresholds, format_verdict, probe_report, run
-
-    def bounds(text: str, option: str) -> tuple[float, float]:
-        try:
-            low, high = (float(x) for x in text.split(","))
-        except ValueError:
-            raise ConfigError(f"{option}: expected LOW,HIGH like 0.1,0.8, got {text!r}") from None
-        if low > high:
-            raise ConfigError(f"{option}: LOW {low} is above HIGH {high}")
-        return low, high
-
-    (min_acc, max_acc), (min_ent, max_ent) = (bounds(args.accuracy_range, "--accuracy-range"),
-                                              bounds(args.entropy_range, "--entropy-range"))
-    thresholds = ProbeThresholds(min_accuracy=min_acc, max_accuracy=max_acc, min_variance=args.min_variance,
-                                 min_entropy=min_ent, max_entropy=max_ent)
-    cfg, settings = _eval_settings(args, probe=True)
-    results, record = run(cfg, settings, args.data)
-    report = probe_report(results, record, thresholds)
-    t = report["times"]
-    print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} samples at T={settings.temperature:g}, "
-          f"wall {t['wall_s']:.1f} s", flush=True)
-    print(format_verdict(report), flush=True)
-    if args.output:
-        _write_json(args.output, report)
-    return 0
-
-
-def _add_eval_options(p: argparse.ArgumentParser, probe: bool) -> None:
-    p.add_argument("overrides", nargs="*", help="dotted.key=value config overrides (e.g. rollout.engine=hf)")
-    p.add_argument("--config", help="a train config: its model, data, rollout and reward sections are used")
-    p.add_argument("--model", help="model.path: an HF folder, runs/X/checkpoints/step_N, a Hub id org/name "
-                                   "(from the Hugging Face cache), `tiny`, or '' for the embedded "
-                                   "SmolLM2-135M-Instruct (default: the config's)")
-    p.add_argument("--data", help="a data file (JSONL/JSON/Parquet; comma-separated for several) or a "
-                                  "built-in task (arithmetic, countdown, piecewise) = its held-out split; "
-                                  "default: the config's held-out set")
-    p.add_argument("--task", choices=["auto", *VERIFIERS.names()],
-                   help="the verifier (reward.task; default auto = from each record's data_source)")
-    section = "rollout" if probe else "eval"
-    p.add_argument("--n", type=int, help=f"samples per prompt (default: {section}.n; 1 with --greedy)")
-    if not probe:
-        p.add_argument("--k", help="pass@k values, comma-separated (default: eval.k, else 1,n); a record's "
-                                   "extra_info.pass@k adds its own")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (n = 1)")
-    p.add_argument("--temperature", type=float,
-                   help=f"sampling temperature (default: {section}.temperature" + (
-                       "; 0 = greedy; with --n > 1 and a greedy eval section: rollout.temperature)"
-                       if not probe else ")"))
-    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {section}.top_p)")
-    p.add_argument("--top-k", type=int, help=f"top-k sampling, 0 = off (default: {section}.top_k)")
-    p.add_argument("--max-new-tokens", type=int,
-                   help="default: " + ("rollout.max_new_tokens" if probe else
-                                       "eval.max_new_tokens, else rollout.max_new_tokens"))
-    p.add_argument("--limit", type=int, default=0, help="at most this many prompts (0 = all)")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
-    p.add_argument("--no-entropy", action="store_true", help="skip the entropy forward pass")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--output", "-o", help="write the metrics (and every completion) to this JSON file")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reasonrl",
@@ -421,32 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="where to write the HTML file")
     p.set_defaults(func=_report)
 
-    p = sub.add_parser(
-        "eval", help="evaluate a model: pass@k, majority vote, entropy, lengths, per data source",
-        description="Sample --n completions per prompt with the config's rollout engine and report, "
-                    "per data_source and overall: mean reward, pass@1, unbiased pass@k (Chen et al. "
-                    "2021), majority-vote accuracy, mean token entropy, response length mean/p95, "
-                    "truncated fraction and format-error rate. Prints a table, writes --output JSON; "
-                    "--compare BASE.json prints BASE -> this side by side with deltas.")
-    _add_eval_options(p, probe=False)
-    p.add_argument("--compare", metavar="OTHER.json", help="an earlier `reasonrl eval --output` file")
-    p.set_defaults(func=_eval)
-
-    p = sub.add_parser(
-        "probe", help="will GRPO learn here? accuracy, reward variance, entropy and a verdict",
-        description="Sample rollout.n completions per prompt (training's sampling) and report "
-                    "accuracy, mean per-prompt reward variance, the share of prompts whose samples "
-                    "are all right or all wrong, and entropy, with a verdict: accuracy 10-80%, "
-                    "variance > 0.05, entropy 0.2-0.8 nats; too hard -> SFT first or easier data, "
-                    "too easy -> harder data.")
-    _add_eval_options(p, probe=True)
-    p.add_argument("--accuracy-range", default="0.1,0.8", metavar="LOW,HIGH",
-                   help="accuracy GRPO learns from (default 0.1,0.8)")
-    p.add_argument("--min-variance", type=float, default=0.05,
-                   help="mean per-prompt reward variance must exceed this (default 0.05)")
-    p.add_argument("--entropy-range", default="0.2,0.8", metavar="LOW,HIGH",
-                   help="mean token entropy in nats (default 0.2,0.8)")
-    p.set_defaults(func=_probe)
+    add_commands(sub)  # eval, probe
     return parser
 
 

@@ -32,6 +32,7 @@ from reasonrl.evaluate import (
     summarize,
 )
 from reasonrl.policy.worker import PolicyWorker
+from reasonrl.registry import VERIFIERS
 from reasonrl.trainer import Trainer
 
 SMOKE = ["--config", "configs/smoke.yaml", "--no-progress"]
@@ -80,6 +81,14 @@ def test_pass_at_k_hand_values_and_large_n():
 ])
 def test_final_answer_uses_the_task_rule_and_normalises(text, task, answer):
     assert final_answer(text, task) == answer
+
+
+def test_every_verifier_registers_its_answer_rule():
+    """The eval tables read answers by the rule each verifier registers with itself."""
+    assert set(VERIFIERS.names()) == {"numeric", "gsm8k", "math", "countdown", "piecewise"}
+    for entry in VERIFIERS:
+        assert entry.info["answer"]("so \\boxed{7.0}", True) == "7", entry.name
+    assert final_answer("<answer>x + 1</answer>", "custom") == "x+1"  # a custom reward: any text
 
 
 def test_majority_vote_counts_answers_and_breaks_ties_by_first_appearance():

@@ -29,6 +29,7 @@ from reasonrl.errors import GroundTruthError
 from reasonrl.registry import COUNTDOWN_SCORING, VERIFIERS
 from reasonrl.rewards.arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic, parse_arithmetic
 from reasonrl.rewards.extract import extract_answer_tag, extract_boxed
+from reasonrl.rewards.numeric import canonical_answer
 
 MAX_EQUATION_CHARS = 200  # bounds the parse and the walk: nothing longer is a sane equation
 _RULES = ArithmeticRules(max_chars=MAX_EQUATION_CHARS)  # integers, binary + - * /, parentheses
@@ -136,10 +137,15 @@ def tinyzero_rule(completion: str, target: int, numbers: list[int], format_score
             "equals_target": float(hit)}
 
 
+def countdown_answer(completion: str, fallback_last_number: bool = True) -> str | None:
+    """The left-hand side of the equation in `<answer>` (else `\\boxed{}`), whitespace removed."""
+    return canonical_answer(extract_equation(completion), numeric=False)
+
+
 @VERIFIERS.register(
     "countdown", doc="Countdown: an expression over the given numbers that equals the target",
     isolated=False, options={"format_score": "countdown_format_score", "rule": "countdown_rule"},
-    check=parse_countdown_truth)
+    check=parse_countdown_truth, answer=countdown_answer)
 def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                      format_score: float = 0.1, rule: str = "subset") -> dict[str, float]:
     """The score of `rule` (a `COUNTDOWN_SCORING` entry: `subset`, `tinyzero`) with its parts."""

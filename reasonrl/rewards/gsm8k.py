@@ -11,7 +11,7 @@ import re
 
 from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer, extract_last_number
-from reasonrl.rewards.numeric import numbers_equal, parse_ground_truth_number, parse_number
+from reasonrl.rewards.numeric import canonical_answer, numbers_equal, parse_ground_truth_number, parse_number
 
 _HASHES_RE = re.compile(r"####[ \t]*([^\n]*)")
 
@@ -28,9 +28,15 @@ def extract_gsm8k_answer(text: str, fallback_last_number: bool = True) -> str | 
     return extract_last_number(text) if fallback_last_number else None
 
 
+def gsm8k_answer(completion: str, fallback_last_number: bool = True) -> str | None:
+    """`extract_gsm8k_answer`, normalised; it must be a number."""
+    return canonical_answer(extract_gsm8k_answer(completion, fallback_last_number), numeric=True)
+
+
 @VERIFIERS.register(
     "gsm8k", doc="GSM8K: numeric answer after ####, in \\boxed{}, <answer>, or the last number",
-    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number)
+    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number,
+    answer=gsm8k_answer)
 def gsm8k_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                  fallback_last_number: bool = True) -> float:
     """1.0 if the completion's final number equals the ground truth, else 0.0."""

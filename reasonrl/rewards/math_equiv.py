@@ -15,6 +15,7 @@ import logging
 from reasonrl.errors import GroundTruthError
 from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.extract import extract_answer
+from reasonrl.rewards.numeric import any_answer
 
 _parse_configs = None
 
@@ -65,7 +66,8 @@ def check_math_truth(completion: str, ground_truth: str, extra_info: dict | None
 
 @VERIFIERS.register(
     "math", doc="MATH: math-verify equivalence of the last \\boxed{} answer (process pool, timeout)",
-    isolated=True, options={"fallback_last_number": "fallback_last_number"}, check=check_math_truth)
+    isolated=True, options={"fallback_last_number": "fallback_last_number"}, check=check_math_truth,
+    answer=any_answer)
 def math_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                 fallback_last_number: bool = True) -> dict[str, float]:
     """{"score": 1 if the extracted answer is equivalent to the ground truth, "answer_found": 0/1}."""

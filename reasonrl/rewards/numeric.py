@@ -105,9 +105,40 @@ def parse_ground_truth_number(ground_truth: str) -> float:
     return truth
 
 
+def canonical_answer(answer: str | None, numeric: bool) -> str | None:
+    """An extracted answer in a form where equal answers compare equal as strings: a number
+    (`parse_number`: "$1,000", "1000.0" -> "1000") or, unless `numeric`, the text with
+    whitespace removed. None (no answer) for an empty string or, when `numeric`, for text
+    that is not a number."""
+    if answer is None:
+        return None
+    value = parse_number(answer)
+    if value is not None:
+        return f"{value:.12g}"
+    if numeric:
+        return None
+    text = "".join(answer.split())
+    return text or None
+
+
+def numeric_answer(completion: str, fallback_last_number: bool = True) -> str | None:
+    """The answer a numeric verifier reads (`\\boxed{}` > `<answer>` > the last number, if
+    allowed), normalised; it must be a number."""
+    return canonical_answer(extract_answer(completion, fallback_last_number)[0], numeric=True)
+
+
+def any_answer(completion: str, fallback_last_number: bool = True) -> str | None:
+    """The answer of a task whose answers need not be numbers (math, a custom reward):
+    `\\boxed{}` > `<answer>` > the last number, any non-empty text, normalised."""
+    return canonical_answer(extract_answer(completion, fallback_last_number)[0], numeric=False)
+
+
+# `answer`: the normalised answer a completion commits to by this verifier's extraction rule
+# (the evaluation's majority vote and format-error rate, `reasonrl.evaluate.final_answer`).
 @VERIFIERS.register(
     "numeric", doc="the extracted answer equals the ground-truth number (the default; arithmetic)",
-    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number)
+    isolated=False, options={"fallback_last_number": "fallback_last_number"}, check=parse_ground_truth_number,
+    answer=numeric_answer)
 def numeric_verifier(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                      fallback_last_number: bool = True) -> float:
     """`numeric_reward` with the verifier signature (task "numeric", the default)."""

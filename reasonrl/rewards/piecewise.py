@@ -28,7 +28,7 @@ from fractions import Fraction
 from reasonrl.errors import GroundTruthError
 from reasonrl.registry import PIECEWISE_SCORING, VERIFIERS
 from reasonrl.rewards.extract import extract_answer
-from reasonrl.rewards.numeric import numbers_equal, parse_number
+from reasonrl.rewards.numeric import canonical_answer, numbers_equal, parse_number
 
 WEIGHTS = {"boundary_pos": 0.1, "boundary_neg": 0.1, "equation_a": 0.1, "equation_b": 0.1,
            "a_value": 0.05, "b_value": 0.05, "answer": 0.5}
@@ -104,9 +104,15 @@ def _equations(text: str):
                     yield lhs, rhs
 
 
+def piecewise_answer(completion: str, fallback_last_number: bool = True) -> str | None:
+    """The final answer `\\boxed{}` / `<answer>` holds (never the last number: the working has
+    many), normalised; it must be a number."""
+    return canonical_answer(extract_answer(completion, fallback_last_number=False)[0], numeric=True)
+
+
 @VERIFIERS.register(
     "piecewise", doc="Transparent GRPO's piecewise-continuity toy problem, with partial credit",
-    isolated=False, options={"rule": "piecewise_rule"}, check=parse_piecewise_truth)
+    isolated=False, options={"rule": "piecewise_rule"}, check=parse_piecewise_truth, answer=piecewise_answer)
 def piecewise_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
                      rule: str = "partial_credit") -> dict[str, float]:
     """The score of `rule` (a `PIECEWISE_SCORING` entry: `partial_credit`, `transparent_grpo`)."""
