@@ -1,0 +1,126 @@
+"""docs/architecture.md cannot drift from the code: the layers it draws are the import-linter
+contract's in pyproject.toml, the stages of its step are the ones `Trainer.step` times and
+the report plots, and every Python excerpt on it is quoted from the source."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from reasonrl.report import STAGES
+
+REPO = Path(__file__).parent.parent
+PAGE = REPO / "docs" / "architecture.md"
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+def section(title: str) -> str:
+    """The text of the page's `## title` section."""
+    text = PAGE.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end >= 0 else len(text)]
+
+
+def code_blocks(text: str, lang: str) -> list[tuple[int, list[str]]]:
+    """(line number, lines) of each fenced block of language `lang` in `text`."""
+    blocks, current, start, inside = [], [], 0, None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        fence = FENCE.match(line.strip())
+        if fence and inside is None:
+            inside, current, start = fence.group(1), [], lineno
+        elif fence:
+            if inside == lang:
+                blocks.append((start, current))
+            inside = None
+        elif inside is not None:
+            current.append(line)
+    return blocks
+
+
+def declared_layers() -> list[list[str]]:
+    """The layers of pyproject.toml's `layers` contract, top first, as module names under
+    reasonrl (read by pattern: tomllib is not in Python 3.10)."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    (block,) = re.findall(r'type = "layers"\s*\nlayers = \[(.*?)\]', pyproject, re.S)
+    return [[m.strip().removeprefix("reasonrl.") for m in layer.split("|")]
+            for layer in re.findall(r'"([^"]+)"', block)]
+
+
+def drawn_layers() -> list[list[str]]:
+    """The layers the page's Layers section draws: each line's first column (before two spaces)."""
+    (_, lines), = code_blocks(section("Layers"), "text")
+    return [[m.strip() for m in re.split(r"\s{2,}", line.strip())[0].split("|")]
+            for line in lines if line.strip()]
+
+
+def test_the_page_draws_the_layers_pyproject_declares():
+    assert drawn_layers() == declared_layers()
+
+
+def step_stages() -> list[str]:
+    """The stages a step times, in order: `collect_batch`'s (rollout, reward), then each
+    `timed(times, "<stage>", ...)` call of `Trainer.step`."""
+    collect = (REPO / "reasonrl" / "collect.py").read_text()
+    (seconds,) = re.findall(r"seconds = \{(.*?)\}", collect)
+    trainer = (REPO / "reasonrl" / "trainer.py").read_text()
+    step = trainer[trainer.index("    def step(self)"):]
+    step = step[: step.index("\n    def ", 1)]
+    return re.findall(r'"(\w+)": 0\.0', seconds) + re.findall(r'timed\(times, "(\w+)"', step)
+
+
+def test_the_page_the_report_and_the_step_name_the_same_stages():
+    stages = step_stages()
+    assert stages == ["rollout", "reward", "reference", "values", "advantage", "critic", "update", "sync"]
+    assert [s for s in STAGES if s != "eval"] == stages  # the report's time/<stage> plot, in step order
+    (_, lines), = code_blocks(section("One training step, top to bottom"), "text")
+    drawn = [m.group(1) for line in lines if (m := re.match(r"\s*-> (\w+):", line))]
+    assert drawn == stages
+
+
+def source_lines() -> dict[str, list[str]]:
+    """Each module of reasonrl/: its non-blank lines, indentation stripped."""
+    return {str(path.relative_to(REPO)): [x.strip() for x in path.read_text(encoding="utf-8").splitlines()
+                                          if x.strip()]
+            for path in sorted((REPO / "reasonrl").rglob("*.py"))}
+
+
+def quoted_in(excerpt: list[str], source: list[str]) -> bool:
+    """Whether `excerpt`'s runs (its lines between `...` lines) appear in `source`, each as
+    consecutive lines, in order."""
+    runs, run = [], []
+    for line in excerpt:
+        if line == "...":
+            runs.append(run)
+            run = []
+        elif line:
+            run.append(line)
+    runs.append(run)
+    at = 0
+    for run in filter(None, runs):
+        found = next((i for i in range(at, len(source) - len(run) + 1) if source[i: i + len(run)] == run),
+                     None)
+        if found is None:
+            return False
+        at = found + len(run)
+    return True
+
+
+def test_every_python_excerpt_is_quoted_from_the_source():
+    sources = source_lines()
+    blocks = code_blocks(PAGE.read_text(encoding="utf-8"), "python")
+    assert len(blocks) >= 2  # the step and the registry example at least
+    for lineno, lines in blocks:
+        excerpt = [x.strip() for x in lines]
+        found = [path for path, source in sources.items() if quoted_in(excerpt, source)]
+        assert found, f"docs/architecture.md:{lineno}: this python block is not in any module of reasonrl/"
+    step = [lines for _, lines in blocks if any("timed(times" in x for x in lines)]
+    assert step and quoted_in([x.strip() for x in step[0]], sources["reasonrl/trainer.py"])
+
+
+def test_a_changed_line_is_caught():
+    source = ["a = 1", "b = 2", "c = 3", "d = 4"]
+    assert quoted_in(["a = 1", "b = 2", "...", "d = 4"], source)
+    assert not quoted_in(["a = 1", "c = 3"], source)  # not consecutive without `...`
+    assert not quoted_in(["c = 3", "...", "a = 1"], source)  # out of order
+    assert not quoted_in(["b = 2", "c = 4"], source)
