@@ -28,8 +28,9 @@ from reasonrl.errors import ConfigError, SandboxError
 from reasonrl.registry import TOOLS, Entry
 from reasonrl.rewards.arithmetic import COUNTDOWN_RULES, NotArithmetic, evaluate_arithmetic
 from reasonrl.tools import Limits, Observation, ToolStats, call_tool, run_python, sandbox_plan
-from reasonrl.tools import sandbox as sandbox_module
 from reasonrl.tools.calculator import MAX_CHARS, calculate
+from reasonrl.tools.sandbox import bounds as bounds_module
+from reasonrl.tools.sandbox import modes as sandbox_module
 
 REPO_ROOT = Path(__file__).parent.parent
 IS_ROOT = os.geteuid() == 0
@@ -203,7 +204,7 @@ def bounds(request, monkeypatch) -> str:
             pytest.skip(f"no per-call cgroup here: {found.reason}")
     else:
         monkeypatch.setattr(sandbox_module, "find_call_bounds",
-                            lambda: sandbox_module.CallBounds("watchdog", "forced by the test"))
+                            lambda: bounds_module.CallBounds("watchdog", "forced by the test"))
         monkeypatch.setattr(sandbox_module, "_PLANS", {})
     return request.param
 
@@ -420,7 +421,7 @@ def test_a_call_whose_cgroup_cannot_be_made_falls_back_to_the_watchdog(monkeypat
     def refused(self, bounds, limits):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sandbox_module._CallCgroup, "__init__", refused)
+    monkeypatch.setattr(bounds_module._CallCgroup, "__init__", refused)
     assert hostile(mode, "print(6 * 7)")[0].output == "42\n"
     obs, _ = hostile(mode, SPREAD_OUT_BOMB, timeout=10.0)
     assert obs.error.startswith("memory limit passed") and "; watchdog)" in obs.error and not obs.timed_out

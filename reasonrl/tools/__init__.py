@@ -1,6 +1,6 @@
 """Tools a model can call during an episode, and the sandbox that runs model-written code.
 
-- `sandbox.py`: `run_python` runs code in a separate process under limits, in namespaces that
+- `sandbox/`: `run_python` runs code in a separate process under limits, in namespaces that
   show it only its directory and a read-only system (bubblewrap's, else util-linux unshare's
   with a private root; `auto` refuses to run where neither works), with memory and tasks
   bounded per call (a cgroup, else a watchdog); `sandbox_plan` says which, and why; `Limits`
