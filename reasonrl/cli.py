@@ -3,7 +3,7 @@
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
-    reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--sandbox auto|bwrap|rlimit]
+    reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--sandbox auto|bwrap|unshare|rlimit]
     reasonrl report RUN [RUN ...] [-o report.html]
     reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
     reasonrl probe [--config C] [--model M] [--data FILE|TASK]
@@ -244,12 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_reward)
 
     from reasonrl.registry import TOOLS
+    from reasonrl.tools import SANDBOX_MODES
 
     p = sub.add_parser(
         "tool", help="run one tool call through the training sandbox, to debug a tool",
         description="Call a tool as an environment would and print its observation as JSON: output, "
-                    "error, timed_out, seconds, exit_code, truncated, and the sandbox mode (bwrap: "
-                    "bubblewrap namespaces; rlimit: resource limits and an unprivileged user). ARGS is "
+                    "error, timed_out, seconds, exit_code, truncated, and the sandbox mode (auto: "
+                    "bwrap, else unshare, else it refuses; bwrap: bubblewrap's namespaces; unshare: "
+                    "util-linux unshare's namespaces and a private read-only root; rlimit, only when "
+                    "chosen: resource limits and an unprivileged user, the host's files visible). ARGS is "
                     "the call's text, a JSON object ({\"code\": ...}), or - to read it from stdin. "
                     "Tools: " + "; ".join(f"{e.name}: {e.doc}" for e in TOOLS)
                     + ". See docs/tools.md for what each sandbox mode blocks.")
@@ -257,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("arguments", metavar="ARGS", help="the call's arguments (text, JSON object, or -)")
     p.add_argument("--timeout", type=float, help="wall-clock seconds (default 10)")
     p.add_argument("--memory-mb", type=int, help="address space of the code's process in MB (default 512)")
-    p.add_argument("--sandbox", choices=["auto", "bwrap", "rlimit"], help="sandbox mode (default auto)")
+    p.add_argument("--sandbox", choices=SANDBOX_MODES, help="sandbox mode (default auto)")
     p.set_defaults(func=_tool)
 
     p = sub.add_parser(
