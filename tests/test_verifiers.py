@@ -154,7 +154,11 @@ def test_math_runs_in_worker_processes_with_hard_timeouts():
     assert result.components["correct"] == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert result.timeouts == 3 and result.errors == 0
     assert result.failures == {1: "timeout", 2: "timeout", 3: "timeout"}
-    assert elapsed < 3 * 2.0 + 3  # each past its deadline at worst, two workers in parallel
+    # Cut, not waited out: uncut, each of the three runs for minutes. The bound is not the
+    # deadlines' sum (3 x 1.7 s over two workers): each kill is followed by a fresh worker that
+    # imports math-verify (~1 s idle, 5 s and more on a loaded 2-core machine), which made a
+    # tighter bound fail under load. That each call was cut at its deadline is `timed_out`.
+    assert elapsed < 60
     again = score_examples(["\\boxed{\\frac{1}{2}}"], math_examples(["0.5"]), MATH_CFG)  # pool recovers
     assert again.components["correct"] == [1.0] and again.timeouts == 0
 
@@ -395,7 +399,7 @@ def test_custom_reward_soft_and_hard_timeouts():
         result = score_examples(["ok", "hang", "ok"], examples_for(["1"] * 3), custom_cfg(name, timeout=0.5))
         assert result.components["correct"] == [1.0, 0.0, 1.0], name
         assert result.timeouts == 1 and result.failures == {1: "timeout"}
-        assert time.perf_counter() - start < 5
+        assert time.perf_counter() - start < 30  # uncut, "hang" sleeps 60 s (bound: as above)
         assert pool.killed - killed == kills, name  # sleepy: SIGALRM; stubborn: killed at the deadline
 
 
@@ -520,7 +524,7 @@ def test_batch_reward_failures_score_zero_and_are_counted(name, isolate, errors,
     assert result.total == [0.0, 0.0, 0.0]
     assert (result.errors, result.timeouts) == (errors, timeouts)
     assert all(needle in result.failures[i] for i in range(3))
-    assert time.perf_counter() - start < 5  # the time limit is 0.2 s x 3 completions
+    assert time.perf_counter() - start < 30  # cut at 0.2 s x 3 completions; uncut, "hanging" sleeps 60 s
 
 
 def test_batch_reward_checked_at_start():
