@@ -156,13 +156,16 @@ class Rollouts(Rows):
 
 @dataclass
 class Scores(Rows):
-    """Rewards aligned with `Rollouts`: the weighted total and each raw component."""
+    """Rewards aligned with `Rollouts` (`rewards.scoring`): the weighted total and each raw
+    component, and which reward calls failed."""
 
     total: torch.Tensor  # [N] float
     components: dict[str, torch.Tensor]  # name -> [N] float, unweighted
     errors: int = 0  # reward calls that raised and were scored 0
     timeouts: int = 0  # reward calls that ran past reward.timeout and were scored 0
     failures: list[str | None] | None = None  # why row i's reward failed (naming the function), or None
+    timed_out: list[bool] | None = None  # row i's failure is a timeout (counted in `timeouts`)
+    parts: list[dict[str, float]] | None = None  # row i's named parts from its verifier (partial credits)
 
 
 @dataclass

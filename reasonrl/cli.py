@@ -116,6 +116,7 @@ def _reward(args: argparse.Namespace) -> int:
 
     from reasonrl.batch import Example
     from reasonrl.rewards import score_examples, verifier_for
+    from reasonrl.rewards.failures import describe_verifier
 
     overrides = [f"reward.{k}={v}" for k, v in (("task", args.task), ("fn", args.fn),
                                                 ("timeout", args.timeout)) if v is not None]
@@ -131,11 +132,12 @@ def _reward(args: argparse.Namespace) -> int:
                           data_source=str(record.get("data_source") or "numeric"),
                           meta={**record.get("extra_info", {}), "origin": where})
         result = score_examples([str(record["completion"])], [example], row_cfg, always_correct=True)
-        failure = result.failures.get(0)
-        row = {"task": verifier_for(example.data_source, row_cfg).task, "score": result.total[0],
-               "components": {k: v[0] for k, v in result.components.items()},
-               "parts": result.parts[0], "timeout": failure == "timeout",
-               "error": failure if failure != "timeout" else None}
+        verifier = verifier_for(example.data_source, row_cfg)
+        failure = None if result.timed_out[0] else result.failures[0]  # printed without the function
+        row = {"task": verifier.task, "score": result.total[0].item(),
+               "components": {k: v[0].item() for k, v in result.components.items()},
+               "parts": result.parts[0], "timeout": result.timed_out[0],
+               "error": failure and failure.removeprefix(f"{describe_verifier(verifier)}: ")}
         print(json.dumps({"where": where, **row} if args.file else row), flush=True)
         rows.append(row)
     if args.file:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from helpers import patch_entry
 
+from reasonrl.batch import Scores
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rewards import (
-    RewardResult,
+    BadGroundTruth,
     answer_present_reward,
     boxed_format_reward,
     extract_answer,
@@ -21,6 +23,7 @@ from reasonrl.rewards import (
     numeric_reward,
     paired_tags_format_reward,
     parse_number,
+    per_sample,
     r1_zero_format_reward,
     score,
     think_answer_format_reward,
@@ -282,14 +285,15 @@ def test_gate_makes_the_sum_all_or_nothing() -> None:
     completions, expected = [c for c, _ in STRICT], [t for _, t in STRICT]
     weights = {"correct": 1.0, "format_r1_zero": 0.0}
     gated = score(completions, ["18"] * 4, weights, fallback_last_number=False, gate=["format_r1_zero"])
-    assert gated.total == expected
-    assert gated.components == {"correct": [1.0, 1.0, 0.0, 0.0], "format_r1_zero": [1.0, 0.0, 1.0, 0.0]}
+    assert gated.total.tolist() == expected
+    assert {k: v.tolist() for k, v in gated.components.items()} == {"correct": [1.0, 1.0, 0.0, 0.0],
+                                                                   "format_r1_zero": [1.0, 0.0, 1.0, 0.0]}
     summed = score(completions, ["18"] * 4, weights, fallback_last_number=False)
-    assert summed.total == [1.0, 1.0, 0.0, 0.0]  # today's sum: the bare box earns 1.0
+    assert summed.total.tolist() == [1.0, 1.0, 0.0, 0.0]  # today's sum: the bare box earns 1.0
     # combine=all gates on every weighted component: 0.5 x 1 + 1 x 0.5 with both > 0
     both = score([r"<think>a</think><answer>\boxed{18}</answer>", "<think>a</think><answer>18</answer>",
                   r"\boxed{18}"], ["18"] * 3, {"correct": 0.5, "format": 1.0}, gate=["correct", "format"])
-    assert both.total == [1.5, 1.0, 0.0]
+    assert both.total.tolist() == [1.5, 1.0, 0.0]
     with pytest.raises(ValueError, match="gate"):
         score(["x"], ["1"], {"correct": 1.0}, gate=["format"])
 
@@ -318,20 +322,22 @@ def test_score_weighted_totals() -> None:
     truths = ["18", "18", "18"]
     weights = {"correct": 1.0, "format": 0.2, "boxed": 0.0}
     result = score(completions, truths, weights)
-    assert isinstance(result, RewardResult)
-    assert result.total == pytest.approx([1.2, 0.1, 1.0])
-    assert result.components == {
+    assert isinstance(result, Scores) and result.total.dtype == torch.float64  # Python's sums, exactly
+    assert result.total.tolist() == pytest.approx([1.2, 0.1, 1.0])
+    assert {k: v.tolist() for k, v in result.components.items()} == {
         "correct": [1.0, 0.0, 1.0],
         "format": [1.0, 0.5, 0.0],
         "boxed": [1.0, 0.0, 0.0],  # weight 0: computed and reported, not added
     }
     assert result.errors == 0
     no_fallback = score(completions, truths, {"correct": 2.0}, fallback_last_number=False)
-    assert no_fallback.total == [2.0, 0.0, 0.0]
+    assert no_fallback.total.tolist() == [2.0, 0.0, 0.0]
 
 
 def test_score_empty_batch() -> None:
-    assert score([], [], {"correct": 1.0}) == RewardResult([], {"correct": []}, 0)
+    empty = score([], [], {"correct": 1.0})
+    assert empty.total.tolist() == [] and empty.components["correct"].tolist() == [] and empty.errors == 0
+    assert empty.failures == empty.timed_out == empty.parts == []
 
 
 def test_score_counts_component_errors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,15 +348,31 @@ def test_score_counts_component_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
     patch_entry(monkeypatch, REWARD_COMPONENTS, "boxed", flaky)
     result = score(["ok 1", "boom", "boom 1"], ["1", "1", "1"], {"boxed": 0.5, "correct": 1.0})
-    assert result.components["boxed"] == [1.0, 0.0, 0.0]
-    assert result.components["correct"] == [1.0, 0.0, 1.0]
-    assert result.total == pytest.approx([1.5, 0.0, 1.0])
+    assert result.components["boxed"].tolist() == [1.0, 0.0, 0.0]
+    assert result.components["correct"].tolist() == [1.0, 0.0, 1.0]
+    assert result.total.tolist() == pytest.approx([1.5, 0.0, 1.0])
     assert result.errors == 2
 
 
 def test_score_bad_ground_truth_propagates() -> None:
     with pytest.raises(ValueError, match="not-a-number"):
         score(["18", "18"], ["18", "not-a-number"], {"correct": 1.0, "format": 0.1})
+    with pytest.raises(BadGroundTruth) as err:  # the first bad row, named by its index
+        score(["18", "18", "18"], ["18", "x", "y"], {"correct": 1.0})
+    assert err.value.row == 1
+
+
+def test_a_per_sample_reward_is_called_in_the_batch_form() -> None:
+    """`per_sample` turns fn(completion, ground_truth, extra_info, **options) into the batch form
+    every reward is called in: one Outcome per row, and a row that raises fails alone."""
+    def fn(completion: str, ground_truth: str, extra_info: dict, bonus: float = 0.0) -> float:
+        if completion == "boom":
+            raise RuntimeError("bad row")
+        return float(completion == ground_truth) + bonus
+
+    out = per_sample(fn)(["1", "boom", "2"], ["1", "1", "1"], [0, 0, 1], [{}, {}, {}], bonus=0.5)
+    assert [o.value for o in out] == [1.5, None, 0.5]
+    assert [o.error for o in out] == [None, "RuntimeError: bad row", None]
 
 
 def test_score_argument_errors() -> None:

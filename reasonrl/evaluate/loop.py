@@ -166,14 +166,15 @@ def _prompt_result(example: Example, rows: list[int], rollouts, scores, entropie
                    fallback_last_number: bool, first: bool) -> PromptResult:
     """One prompt's samples as a `PromptResult`. A format component that raised is counted
     once, on the chunk's first prompt (its row is not known)."""
-    timeouts = [scores.failures.get(i) == "timeout" for i in range(len(rollouts))]
-    errors = [i in scores.failures and not timeouts[i] for i in range(len(rollouts))]
+    timeouts = scores.timed_out
+    errors = [f is not None and not t for f, t in zip(scores.failures, timeouts, strict=True)]
     other_errors = scores.errors - sum(errors)
+    total, correct = scores.total.tolist(), scores.components["correct"].tolist()
     episodes = rollouts.episodes  # multi-turn: the environment's reward and counts too
     return PromptResult(
         data_source=example.data_source,
-        rewards=[scores.total[i] + (episodes.reward[i].item() if episodes else 0.0) for i in rows],
-        correct=[scores.components["correct"][i] >= 1.0 for i in rows],
+        rewards=[total[i] + (episodes.reward[i].item() if episodes else 0.0) for i in rows],
+        correct=[correct[i] >= 1.0 for i in rows],
         answers=[final_answer(rollouts.texts[i], task, fallback_last_number) for i in rows],
         lengths=[sum(rollouts.token_mask[i]) for i in rows],
         truncated=[bool(rollouts.truncated[i]) for i in rows],

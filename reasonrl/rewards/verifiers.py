@@ -1,6 +1,20 @@
-"""Task verifiers: which function scores the `correct` component of a sample, and how it runs.
+"""Task verifiers: which function scores the `correct` component of a sample, how it runs, and
+the start-up check of every ground truth against it.
 
-Every verifier, built-in or custom, has the same signature:
+A verifier is called in the batch form (`scoring.call_reward`), the one `reward.batch_fn` has:
+
+    fn(completions: list[str], ground_truths: list[str], groups: list[int],
+       extra_infos: list[dict], **options) -> list[float | dict[str, float]]
+
+one score (or dict with "score") per completion, in order; `groups[i]` is the prompt (group)
+index of completion i. It runs like `reward.fn` (a worker process with a time limit of
+`reward.timeout` seconds per completion, unless `reward.isolate_fn=false`); a call that
+raises, returns the wrong number of scores or runs out of time scores every completion 0 and
+counts each in `reward/errors` or `reward/timeouts`.
+
+The task verifiers and `reward.fn` have the per-sample form, a convenience the scoring turns
+into the batch form (`scoring.per_sample`; isolated: one worker call per sample, each with
+its own timeout):
 
     fn(completion: str, ground_truth: str, extra_info: dict, **options) -> float | dict[str, float]
 
@@ -11,17 +25,6 @@ any other exception scores 0 and is counted in `reward/errors`.
 
 The task of a sample comes from `reward.fn` (a custom function for all samples), else
 `reward.task`, else (`reward.task=auto`) the example's `data_source`: see `task_for_source`.
-
-`reward.batch_fn` (instead of `reward.fn`) is called once per rollout batch:
-
-    fn(completions: list[str], ground_truths: list[str], groups: list[int],
-       extra_infos: list[dict], **options) -> list[float | dict[str, float]]
-
-with one score (or dict with "score") per completion, in order; `groups[i]` is the prompt
-(group) index of completion i. It runs like `reward.fn` (a worker process with a time limit
-of `reward.timeout` seconds per completion, unless `reward.isolate_fn=false`); a call that
-raises, returns the wrong number of scores or runs out of time scores every completion 0
-and counts each in `reward/errors` or `reward/timeouts`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reasonrl.errors import ConfigError, GroundTruthError
 from reasonrl.registry import VERIFIERS
+from reasonrl.rewards.pool import Call, get_pool
 
 # The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
 # names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
@@ -72,16 +77,19 @@ def task_for_source(data_source: str) -> str:
     return "numeric"
 
 
-def make_verifier(task: str, cfg) -> Verifier:
-    """The verifier for `task` with the options of a RewardConfig `cfg`."""
-    common = {"timeout": cfg.timeout, "workers": cfg.num_workers}
-    if task == "custom":
-        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, **common)
+def task_verifier(task: str, options: dict[str, Any], timeout: float = 5.0, workers: int = 2) -> Verifier:
+    """The verifier of a `VERIFIERS` task with these option values."""
     entry = VERIFIERS[task]
     target = f"{entry.fn.__module__}:{entry.fn.__name__}"
-    isolated = entry.info["isolated"]
-    options = {kw: getattr(cfg, field) for kw, field in entry.info.get("options", {}).items()}
-    return Verifier(task, target, tuple(sorted(options.items())), isolated, **common)
+    return Verifier(task, target, tuple(sorted(options.items())), entry.info["isolated"], timeout, workers)
+
+
+def make_verifier(task: str, cfg) -> Verifier:
+    """The verifier for `task` with the options of a RewardConfig `cfg`."""
+    if task == "custom":
+        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers)
+    options = {kw: getattr(cfg, field) for kw, field in VERIFIERS[task].info.get("options", {}).items()}
+    return task_verifier(task, options, cfg.timeout, cfg.num_workers)
 
 
 def verifier_for(data_source: str, cfg) -> Verifier:
@@ -163,3 +171,53 @@ def as_score(value: Any) -> tuple[float, dict[str, float]]:
     if not math.isfinite(score):
         raise ValueError(f"reward is {score}")
     return score, parts
+
+
+def check_examples(examples: list, cfg) -> None:
+    """Fail before training on ground truths a verifier cannot read, or a broken reward.fn /
+    reward.batch_fn.
+
+    Each verifier's `check` reads every ground truth: in-process for the tasks whose ground
+    truth has a fixed shape (numbers for numeric/gsm8k, JSON for countdown/piecewise); in the
+    reward worker pool for isolated verifiers (math: math-verify must read it as more than its
+    own text), each distinct ground truth once, within `reward.timeout`. `reward.fn` and
+    `reward.batch_fn` are imported and their signatures checked. Raises GroundTruthError naming
+    file:line, or ConfigError for reward.fn / reward.batch_fn.
+    """
+    for key, target, check in (("reward.fn", cfg.fn, check_signature),
+                               ("reward.batch_fn", cfg.batch_fn, check_batch_signature)):
+        if target:
+            try:
+                check(load_target(target), target)
+            except Exception as err:
+                raise ConfigError(f"{key}: cannot use {target!r}: {type(err).__name__}: {err}") from None
+            return
+    tasks: dict[str, str] = {}
+    remote: dict[str, dict[str, object]] = {}  # task -> ground truth -> its first example
+    for e in examples:
+        if e.data_source not in tasks:
+            tasks[e.data_source] = verifier_for(e.data_source, cfg).task
+        task = tasks[e.data_source]
+        entry = VERIFIERS[task]
+        check = entry.info.get("check")
+        if check is None:
+            continue
+        if entry.info["isolated"]:
+            remote.setdefault(task, {}).setdefault(e.ground_truth, e)
+            continue
+        try:
+            check(e.ground_truth)
+        except GroundTruthError as err:
+            raise GroundTruthError(f"{e.meta.get('origin', e.data_source)}: field 'ground_truth': "
+                                   f"{err} (task {task})") from None
+    for task, firsts in remote.items():
+        check = VERIFIERS[task].info["check"]
+        target = f"{check.__module__}:{check.__name__}"
+        outcomes = get_pool(cfg.num_workers).run([Call(target, "", truth) for truth in firsts], cfg.timeout)
+        for e, out in zip(firsts.values(), outcomes, strict=True):
+            if out.ground_truth_error or out.timed_out or out.error is not None:
+                why = (out.error if out.ground_truth_error else
+                       f"not read within reward.timeout={cfg.timeout:g} s" if out.timed_out else
+                       f"the check failed: {out.error}")
+                raise GroundTruthError(f"{e.meta.get('origin', e.data_source)}: field 'ground_truth': "
+                                       f"{why} (task {task})")

@@ -1,0 +1,255 @@
+"""Scoring: completions in, one `Scores` record out (the weighted total, each component, and
+every reward call that failed, row by row).
+
+A reward component is a function (completion, ground_truth) -> float (`REWARD_COMPONENTS`).
+The `correct` component is each row's task verifier (`verifiers.verifier_for`), and every
+verifier is called in one shape, the batch form TRL calls its `reward_funcs` in:
+
+    fn(completions, ground_truths, groups, extra_infos, **options) -> one score per row
+
+`reward.batch_fn` is written in that form. A per-sample function (a task verifier, or
+`reward.fn`: fn(completion, ground_truth, extra_info, **options)) is the convenience form,
+turned into the batch form by `per_sample` (in-process), or sent to the worker pool one row
+per call, each with its own hard timeout (isolated). Whatever the form, a call gives one pool
+`Outcome` per row, and `score` reads them all the same way. A row whose reward raises, hangs
+or returns a bad value scores 0 and is counted (one odd completion must not end a run); a
+verifier that cannot read a ground truth (`GroundTruthError`) stops it: a data bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from reasonrl.batch import Scores
+from reasonrl.errors import GroundTruthError
+from reasonrl.registry import REWARD_COMPONENTS
+from reasonrl.rewards.failures import describe_exception, describe_verifier
+from reasonrl.rewards.pool import Call, Outcome, get_pool
+from reasonrl.rewards.verifiers import Verifier, as_score, task_verifier, verifier_for
+
+RewardFn = Callable[[str, str], float]  # (completion, ground_truth) -> score
+
+
+class BadGroundTruth(GroundTruthError):
+    """A verifier could not read the ground truth of row `row` (None: a batch reward raised it
+    for its whole batch), so the caller can name the record."""
+
+    def __init__(self, message: str, row: int | None):
+        super().__init__(message)
+        self.row = row
+
+
+def make_reward_fn(name: str, fallback_last_number: bool = True) -> RewardFn:
+    """The (completion, ground_truth) -> float function of a `REWARD_COMPONENTS` name.
+
+    `fallback_last_number` only matters for "correct": off, an answer must be boxed or tagged.
+    """
+    return partial(REWARD_COMPONENTS.get(name), fallback_last_number=fallback_last_number)
+
+
+def per_sample(fn: Callable[..., object]) -> Callable[..., list[Outcome]]:
+    """The batch form of a per-sample reward fn(completion, ground_truth, extra_info, **options):
+    called row by row, one `Outcome` per row, so a row that raises fails alone."""
+    def batch_fn(completions, ground_truths, groups, extra_infos, **options) -> list[Outcome]:
+        return [_call_here(partial(fn, c, g, e, **options))
+                for c, g, e in zip(completions, ground_truths, extra_infos, strict=True)]
+    return batch_fn
+
+
+def _call_here(call: Callable[[], object]) -> Outcome:
+    """An in-process call as the pool reports one. SystemExit is a failure like any other."""
+    try:
+        return Outcome(value=call())
+    except GroundTruthError as err:
+        return Outcome(error=str(err), ground_truth_error=True)
+    except (Exception, SystemExit) as err:
+        return Outcome(error=describe_exception(err))
+
+
+def _split(out: Outcome, n: int) -> list[Outcome]:
+    """A batch call's one Outcome as one per row: its n scores, or its failure on every row (a
+    call that raised, ran out of time, or returned anything but n readable scores)."""
+    if out.error is None and not out.timed_out:
+        try:
+            if not isinstance(out.value, (list, tuple)) or len(out.value) != n:
+                size = len(out.value) if isinstance(out.value, (list, tuple)) else "-"
+                raise ValueError(f"reward.batch_fn must return one score per completion ({n}), "
+                                 f"got {type(out.value).__name__} of length {size}")
+            for value in out.value:
+                as_score(value)
+            return [Outcome(value=value) for value in out.value]
+        except (TypeError, ValueError) as err:
+            out = Outcome(error=f"{type(err).__name__}: {err}")
+    return [out] * n
+
+
+def call_reward(verifier: Verifier, completions: list[str], ground_truths: list[str], groups: list[int],
+                extra_infos: list[dict]) -> list[Outcome]:
+    """One call of `verifier` over these rows, one `Outcome` per row, whatever its form: a batch
+    function once (in the pool: one call with `reward.timeout` seconds per row); a per-sample
+    one row by row (`per_sample`), or one pool call per row when isolated."""
+    n, options = len(completions), dict(verifier.options)
+    columns = (completions, ground_truths, groups, extra_infos)
+    if verifier.isolated and verifier.batch:
+        batch = dict(zip(("completions", "ground_truths", "groups", "extra_infos"), columns, strict=True))
+        call = Call(verifier.target, "", "", options=options, batch=batch)
+        return _split(get_pool(verifier.workers).run([call], verifier.timeout * n)[0], n)
+    if verifier.isolated:
+        calls = [Call(verifier.target, c, g, e, options)
+                 for c, g, e in zip(completions, ground_truths, extra_infos, strict=True)]
+        return get_pool(verifier.workers).run(calls, verifier.timeout)
+    loaded = _call_here(verifier.fn)  # a function that does not load fails every row
+    if loaded.error is not None:
+        return [loaded] * n
+    if verifier.batch:
+        return _split(_call_here(partial(loaded.value, *columns, **options)), n)
+    return per_sample(loaded.value)(*columns, **options)
+
+
+def _verify(verifiers: list[Verifier], completions: list[str], ground_truths: list[str],
+            groups: list[int], extra_infos: list[dict]) -> list[Outcome]:
+    """`correct` for every row: one `call_reward` per verifier over its rows, the in-process
+    ones first, then those in the worker pool (they wait for nothing unread). The first bad
+    ground truth of a stage is raised as `BadGroundTruth` with its row."""
+    by_verifier: dict[Verifier, list[int]] = {}
+    for i, v in enumerate(verifiers):
+        by_verifier.setdefault(v, []).append(i)
+    outcomes: list[Outcome] = [Outcome()] * len(verifiers)
+    for pooled in (False, True):
+        for v, rows in by_verifier.items():
+            if (v.isolated and not v.batch) != pooled:
+                continue
+            found = call_reward(v, [completions[i] for i in rows], [ground_truths[i] for i in rows],
+                                [int(groups[i]) for i in rows], [extra_infos[i] for i in rows])
+            for i, out in zip(rows, found, strict=True):
+                outcomes[i] = out
+        bad = [i for i, out in enumerate(outcomes) if out.ground_truth_error]
+        if bad:
+            raise BadGroundTruth(outcomes[bad[0]].error, None if verifiers[bad[0]].batch else bad[0])
+    return outcomes
+
+
+def _read(out: Outcome, verifier: Verifier, rows: int) -> tuple[float, dict[str, float], str | None]:
+    """(score, parts, why it failed or None) of one row's Outcome; `rows`: the rows scored."""
+    if out.timed_out:
+        limit = verifier.timeout * (rows if verifier.batch else 1)  # a batch call: reward.timeout per row
+        return 0.0, {}, f"timed out (reward.timeout: {limit:g} s)"
+    if out.error is not None:
+        return 0.0, {}, out.error
+    try:
+        return *as_score(out.value), None
+    except Exception as err:
+        return 0.0, {}, f"{type(err).__name__}: {err}"
+
+
+def score(completions: list[str], ground_truths: list[str], weights: dict[str, float],
+          fallback_last_number: bool = True, *, verifiers: list[Verifier] | None = None,
+          extra_infos: list[dict] | None = None, groups: list[int] | None = None,
+          gate: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64) -> Scores:
+    """total[i] = sum_k weights[k] * component_k(completions[i], ground_truths[i])
+                  * prod_{g in gate} [component_g(completions[i], ground_truths[i]) > 0].
+
+    The gate makes the sum all-or-nothing: with `gate=("format_r1_zero",)` and weights
+    {correct: 1, format_r1_zero: 0} the reward is 1 only when the format is right and the
+    answer is (ReasonRL's strict reward). Every component named in `weights` is computed and
+    reported, weight 0 included, so it can be logged without shaping the reward; a gate must
+    be one of them. `groups[i]` is sample i's prompt index (for `reward.batch_fn`; default:
+    each sample its own). `correct` is sample i's task verifier (`verifiers[i]`; default: the
+    numeric check); the other components are format checks. A component that raises scores 0
+    for that sample and is counted in `errors`, one that runs past its timeout scores 0 and is
+    counted in `timeouts`; `failures[i]` names the verifier of a row that failed and why. A bad
+    ground truth raises `BadGroundTruth` (a GroundTruthError): that is a data bug. Sums are
+    taken in Python floats; the tensors have `dtype`.
+    """
+    if len(completions) != len(ground_truths):
+        raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
+    unknown = [k for k in weights if k not in REWARD_COMPONENTS]
+    if unknown:
+        raise ValueError(f"unknown reward weights {unknown}; allowed: {', '.join(REWARD_COMPONENTS.names())}")
+    ungated = [g for g in gate if g not in weights]
+    if ungated:
+        raise ValueError(f"reward gate {ungated} is not in the weights {list(weights)}: a gate must be "
+                         "computed")
+    n = len(completions)
+    total, components, errors = [0.0] * n, {}, 0
+    failures: list[str | None] = [None] * n
+    timed_out, parts = [False] * n, [{} for _ in range(n)]
+    for name, weight in weights.items():
+        if name == "correct":
+            numeric = task_verifier("numeric", {"fallback_last_number": fallback_last_number})
+            verifiers = verifiers or [numeric] * n
+            outcomes = _verify(verifiers, completions, ground_truths,
+                               groups if groups is not None else list(range(n)),
+                               extra_infos or [{} for _ in range(n)])
+            scores = [0.0] * n
+            for i, (v, out) in enumerate(zip(verifiers, outcomes, strict=True)):
+                scores[i], parts[i], why = _read(out, v, n)
+                if why is not None:
+                    failures[i], timed_out[i] = f"{describe_verifier(v)}: {why}", out.timed_out
+                    if not out.timed_out:
+                        errors += 1
+        else:
+            fn, scores = make_reward_fn(name, fallback_last_number), []
+            for i, (completion, truth) in enumerate(zip(completions, ground_truths, strict=True)):
+                try:
+                    scores.append(float(fn(completion, truth)))
+                except GroundTruthError as err:
+                    raise BadGroundTruth(str(err), i) from None
+                except Exception:
+                    scores.append(0.0)
+                    errors += 1
+        for i, s in enumerate(scores):
+            total[i] += weight * s
+        components[name] = scores
+    for g in gate:
+        for i, s in enumerate(components[g]):
+            if s <= 0:
+                total[i] = 0.0
+    return Scores(total=torch.tensor(total, dtype=dtype),
+                  components={k: torch.tensor(v, dtype=dtype) for k, v in components.items()},
+                  errors=errors, timeouts=sum(timed_out), failures=failures, timed_out=timed_out, parts=parts)
+
+
+def gate_of(cfg) -> tuple[str, ...]:
+    """The components that gate the total: `reward.gate`, or every weighted component with
+    `reward.combine=all`."""
+    return tuple(cfg.weights) if cfg.combine == "all" else tuple(cfg.gate)
+
+
+def score_examples(completions: list[str], examples: list, cfg, always_correct: bool = False,
+                   groups: list[int] | None = None, dtype: torch.dtype = torch.float64) -> Scores:
+    """`score` for completions of `examples` (batch.Example) under a RewardConfig `cfg`.
+
+    Each example's verifier comes from reward.batch_fn / reward.fn / reward.task / its
+    data_source, and its `meta` is the verifier's `extra_info`; `groups[i]` is completion i's
+    prompt index (`reward.batch_fn`). `always_correct` adds `correct` at weight 0 when the
+    weights leave it out (evaluation always reports accuracy). A bad ground truth is reported
+    with the example's origin (file:line), or the batch reward that raised it.
+    """
+    weights = dict(cfg.weights)
+    if always_correct and "correct" not in weights:
+        weights = {"correct": 0.0, **weights}
+    cache: dict[str, Verifier] = {}
+    for e in examples:
+        if e.data_source not in cache:
+            cache[e.data_source] = verifier_for(e.data_source, cfg)
+    verifiers = [cache[e.data_source] for e in examples]
+    try:
+        return score(completions, [e.ground_truth for e in examples], weights, cfg.fallback_last_number,
+                     verifiers=verifiers, extra_infos=[e.meta for e in examples], groups=groups,
+                     gate=gate_of(cfg), dtype=dtype)
+    except BadGroundTruth as err:
+        if err.row is None:  # raised by reward.batch_fn: no one record to name
+            raise GroundTruthError(f"reward.batch_fn {cfg.batch_fn}: {err}") from None
+        bad = examples[err.row]
+        where = bad.meta.get("origin", bad.data_source)
+        raise GroundTruthError(f"{where}: field 'ground_truth': {err}") from None
+
+
+def score_rollouts(texts: list[str], examples: list, cfg, always_correct: bool = False,
+                   groups: list[int] | None = None) -> Scores:
+    """`score_examples` for a step's rollouts, in the float32 training computes in."""
+    return score_examples(texts, examples, cfg, always_correct, groups, dtype=torch.float32)
