@@ -40,9 +40,11 @@ from reasonrl.registry import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     PIECEWISE_SCORING,
+    POLICY_LOSSES,
     RATIO_LEVELS,
     REWARD_COMPONENTS,
     TOOLS,
+    VALUE_LOSSES,
     VERIFIERS,
     Registry,
     needs_critic,
@@ -257,10 +259,13 @@ class AlgoConfig:
     # formulas, sources and how the keys combine: docs/algorithms.md
     advantage: str = param("grpo", choices=ADVANTAGES)
     std_eps: float = param(1e-4, ge=0)
+    policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # ppo (clipped surrogate) | cispo | gmpo | sapo
     clip_low: float = param(0.2, ge=0)
     clip_high: float = param(0.2, ge=0)
     clip_ratio_c: float = param(0.0, ge=0)  # dual clip for negative advantages (> 1, e.g. 3); 0 = off
     ratio_level: str = param("token", choices=RATIO_LEVELS)  # sequence = GSPO
+    sapo_tau_pos: float = param(1.0, gt=0)  # policy_loss=sapo: the gate's temperature for A > 0
+    sapo_tau_neg: float = param(1.05, gt=0)  # ... and for A <= 0 (the paper: tau_neg > tau_pos)
     loss_agg: str = param("token", choices=LOSS_AGGREGATIONS)
     beta: float = param(0.0, ge=0)  # KL coefficient; the reference model is loaded only when > 0 (or log_kl)
     kl_estimator: str = param("k3", choices=KL_ESTIMATORS)
@@ -314,6 +319,7 @@ class CriticConfig:
     lr: float = param(1e-5, gt=0)
     weight_decay: float = param(0.0, ge=0)
     max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
+    value_loss: str = param("clipped", choices=VALUE_LOSSES)  # the critic's loss (VALUE_LOSSES)
     cliprange_value: float = param(0.5, ge=0)  # PPO's value clipping around the old values; 0 = off
     warmup_steps: int = param(0, ge=0)  # steps that train only the critic before the policy moves
     micro_batch_size: int = param(0, ge=0)  # 0 = optim.micro_batch_size

@@ -88,9 +88,11 @@ class Registry:
 
 
 ADVANTAGES = Registry("algo.advantage", "reasonrl.algo.advantages", "reasonrl.algo.gae")
-RATIO_LEVELS = Registry("algo.ratio_level", "reasonrl.algo.loss")
-LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.loss")
+POLICY_LOSSES = Registry("algo.policy_loss", "reasonrl.algo.policy_loss")
+RATIO_LEVELS = Registry("algo.ratio_level", "reasonrl.algo.policy_loss")
+LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.aggregation")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl")
+VALUE_LOSSES = Registry("critic.value_loss", "reasonrl.algo.value_loss")
 ENGINES = Registry("rollout.engine", "reasonrl.rollout.engines")
 DATA_TASKS = Registry("data.task", "reasonrl.data.tasks")
 DATA_FORMATS = Registry("data.format", "reasonrl.data.formats")

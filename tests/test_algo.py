@@ -8,18 +8,16 @@ import torch
 
 from reasonrl.algo import (
     aggregate,
-    clipped_policy_loss,
     group_advantages,
     informative_groups,
     kl_estimate,
     kl_penalised_rewards,
-    log_importance_ratio,
     overlong_penalty,
     zero_variance_groups,
 )
 from reasonrl.config import AlgoConfig
 from reasonrl.policy.worker import lr_multiplier
-from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
 GROUP = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
@@ -114,7 +112,8 @@ def test_config_choices_are_the_registries():
     from reasonrl.errors import ConfigError
 
     for key, registry in (("advantage", ADVANTAGES), ("loss_agg", LOSS_AGGREGATIONS),
-                          ("ratio_level", RATIO_LEVELS)):
+                          ("ratio_level", RATIO_LEVELS), ("policy_loss", POLICY_LOSSES),
+                          ("kl_estimator", KL_ESTIMATORS)):
         assert dataclasses.fields(AlgoConfig)[[f.name for f in dataclasses.fields(AlgoConfig)].index(key)] \
             .metadata["choices"] is registry
         for name in registry.names():
@@ -138,117 +137,6 @@ def test_informative_groups_drops_flat_groups_with_a_float_tolerance():
 def test_zero_variance_groups_counts_flat_groups():
     assert zero_variance_groups(REWARDS, GROUP) == 1
     assert zero_variance_groups(torch.tensor([1.0, 1.0 + 1e-9, 0.0, 1.0]), torch.tensor([0, 0, 1, 1])) == 1
-
-
-def _ratio_case(ratio: float, adv: float, clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0):
-    old = torch.zeros(1, 1)
-    logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
-    out = clipped_policy_loss(logp, old, torch.tensor([adv]), clip_low, clip_high, clip_ratio_c)
-    out.loss.sum().backward()
-    assert out.ratio.item() == pytest.approx(ratio)
-    return out.loss.item(), bool(out.clipped.item()), logp.grad.item()
-
-
-def test_clipped_loss_positive_advantage_above_upper_clip():
-    # ratio 1.5 > 1 + 0.2: objective min(1.5, 1.2) * 1 -> loss -1.2, no gradient
-    loss, clipped, grad = _ratio_case(1.5, 1.0)
-    assert loss == pytest.approx(-1.2) and clipped and grad == 0.0
-
-
-def test_clipped_loss_positive_advantage_below_lower_clip_is_not_clipped():
-    # ratio 0.5: min(0.5, 0.8) = 0.5 -> loss -0.5, gradient -A * ratio = -0.5
-    loss, clipped, grad = _ratio_case(0.5, 1.0)
-    assert loss == pytest.approx(-0.5) and not clipped and grad == pytest.approx(-0.5)
-
-
-def test_clipped_loss_negative_advantage_below_lower_clip():
-    # ratio 0.5 < 1 - 0.2 with A = -1: min(-0.5, -0.8) = -0.8 -> loss 0.8, no gradient
-    loss, clipped, grad = _ratio_case(0.5, -1.0)
-    assert loss == pytest.approx(0.8) and clipped and grad == 0.0
-
-
-def test_clipped_loss_negative_advantage_above_upper_is_not_clipped():
-    loss, clipped, grad = _ratio_case(1.5, -1.0)
-    assert loss == pytest.approx(1.5) and not clipped and grad == pytest.approx(1.5)
-
-
-def test_clipped_loss_asymmetric_bounds():
-    # clip_high 0.28 (DAPO): ratio 1.25 is inside, 1.3 is clipped to 1.28
-    assert _ratio_case(1.25, 2.0, 0.2, 0.28)[0] == pytest.approx(-2.5)
-    loss, clipped, _ = _ratio_case(1.3, 2.0, 0.2, 0.28)
-    assert loss == pytest.approx(-2.56) and clipped
-
-
-def test_on_policy_ratio_gives_reinforce_gradient():
-    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss, _, clipped, _ = clipped_policy_loss(logp, logp.detach(), torch.tensor([3.0]), 0.2, 0.2)
-    loss.sum().backward()
-    assert loss.tolist() == [[-3.0, -3.0]] and not clipped.any()
-    assert logp.grad.tolist() == [[-3.0, -3.0]]
-
-
-def test_dual_clip_caps_negative_advantage_loss():
-    # A = -1, ratio 5, c = 3: PPO gives max(5, 1.2) = 5; the dual clip caps it at -A * c = 3, no gradient
-    loss, clipped, grad = _ratio_case(5.0, -1.0, clip_ratio_c=3.0)
-    assert loss == pytest.approx(3.0) and clipped and grad == 0.0
-    # ratio 2 < c: max(2, 1.2) = 2 < 3, unchanged; gradient d(-A r)/dlogp = r = 2
-    loss, clipped, grad = _ratio_case(2.0, -1.0, clip_ratio_c=3.0)
-    assert loss == pytest.approx(2.0) and not clipped and grad == pytest.approx(2.0)
-    # positive advantages are never dual-clipped: ratio 5, A = 1 -> min(5, 1.2) -> loss -1.2
-    assert _ratio_case(5.0, 1.0, clip_ratio_c=3.0)[0] == pytest.approx(-1.2)
-    # off (c = 0): the A < 0 ratio-5 loss stays 5
-    assert _ratio_case(5.0, -1.0)[0] == pytest.approx(5.0)
-    out = clipped_policy_loss(torch.tensor([[math.log(5.0), math.log(2.0)]]), torch.zeros(1, 2),
-                              torch.tensor([-1.0]), 0.2, 0.2, 3.0)
-    assert out.dual_clipped.tolist() == [[True, False]]
-
-
-GSPO_MASK = torch.tensor([[1.0, 1.0, 0.0]])
-
-
-def test_sequence_ratio_is_the_geometric_mean_of_token_ratios():
-    # token log-ratios 0.1 and 0.3 (the third token is padding, log-ratio 5 ignored):
-    # s = exp((0.1 + 0.3) / 2) = exp(0.2) = 1.221403 at every token
-    old = torch.tensor([[-1.0, -2.0, -3.0]])
-    logp = old + torch.tensor([[0.1, 0.3, 5.0]])
-    log_s = log_importance_ratio(logp, old, GSPO_MASK, "sequence")
-    torch.testing.assert_close(log_s[0, :2], torch.tensor([0.2, 0.2]))
-    assert (ratio := math.exp(0.2)) == pytest.approx(1.221403, abs=1e-6)
-    # token level keeps each token's own ratio
-    torch.testing.assert_close(log_importance_ratio(logp, old, GSPO_MASK, "token"), logp - old)
-    # clip at 1 + 0.2: A = 1 -> objective min(1.2214, 1.2) = 1.2, every valid token clipped
-    out = clipped_policy_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, mask=GSPO_MASK,
-                              ratio_level="sequence")
-    torch.testing.assert_close(out.loss[0, :2], torch.tensor([-1.2, -1.2]))
-    assert out.clipped[0, :2].tolist() == [True, True]
-    assert out.ratio[0, 0].item() == pytest.approx(ratio)
-    # token level: ratios e^0.1 = 1.105 (inside) and e^0.3 = 1.350 (clipped)
-    out = clipped_policy_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, mask=GSPO_MASK)
-    assert out.clipped[0, :2].tolist() == [False, True]
-
-
-def test_sequence_ratio_gradient_is_gspo():
-    """GSPO: J_i = A_i * s_i, grad = A_i * s_i * mean_t grad logp_it. With `sequence`
-    aggregation (mean over tokens) our per-token form must give exactly that."""
-    old = torch.tensor([[-1.0, -2.0, -3.0]])
-    logp = (old + torch.tensor([[0.05, -0.15, 0.0]])).requires_grad_(True)
-    # s = exp((0.05 - 0.15) / 2) = exp(-0.05) = 0.951229: inside [0.8, 1.2], unclipped
-    out = clipped_policy_loss(logp, old, torch.tensor([2.0]), 0.2, 0.2, mask=GSPO_MASK,
-                              ratio_level="sequence")
-    aggregate(out.loss, GSPO_MASK, "sequence", 2, 1).backward()
-    s = math.exp(-0.05)
-    # d/dlogp_t of -A * s = -A * s / |y| = -2 * 0.951229 / 2 = -0.951229 for both tokens, 0 on padding
-    torch.testing.assert_close(logp.grad, torch.tensor([[-s, -s, 0.0]]))
-    # the same from the paper's sequence-level formula, written directly
-    logp2 = logp.detach().clone().requires_grad_(True)
-    s_direct = torch.exp(((logp2 - old) * GSPO_MASK).sum() / 2)
-    (-2.0 * s_direct).backward()
-    torch.testing.assert_close(logp.grad, logp2.grad)
-
-
-def test_unknown_ratio_level():
-    with pytest.raises(ValueError, match="allowed: token, sequence"):
-        log_importance_ratio(torch.zeros(1, 1), torch.zeros(1, 1), GSPO_MASK[:, :1], "group")
 
 
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 99.0]])
@@ -319,6 +207,18 @@ def test_kl_is_zero_when_equal_and_k3_nonnegative():
     assert (kl_estimate(x, x.flip(0), "k3") >= 0).all()
     with pytest.raises(ValueError, match="allowed: k1, k2, k3"):
         kl_estimate(x, x, "k4")
+
+
+def test_k3_plus_has_the_value_of_k3_and_the_gradient_of_k2():
+    # value: k3 = r - 1 - log r with r = 0.5 (as above); gradient: d k2 / d logp = logp - ref = log 2
+    logp = LOGP.clone().requires_grad_(True)
+    value = kl_estimate(logp, REF, "k3+")
+    assert value.item() == kl_estimate(LOGP, REF, "k3").item()
+    value.backward()
+    assert logp.grad.item() == pytest.approx(math.log(2))
+    k3 = LOGP.clone().requires_grad_(True)
+    kl_estimate(k3, REF, "k3").backward()  # k3's own gradient: 1 - r = 0.5, not log 2
+    assert k3.grad.item() == pytest.approx(0.5)
 
 
 def test_kl_penalised_rewards():

@@ -17,7 +17,14 @@ from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
-from reasonrl.registry import ADVANTAGES, LOSS_AGGREGATIONS, RATIO_LEVELS, needs_critic
+from reasonrl.registry import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    needs_critic,
+)
 from reasonrl.trainer import Trainer
 
 REPO_ROOT = Path(__file__).parent.parent
@@ -85,7 +92,21 @@ def test_every_combination_trains_two_steps(tmp_path, monkeypatch, advantage, lo
     assert any(not torch.equal(a, b) for a, b in zip(before, params(trainer), strict=True))
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
+def test_every_policy_loss_trains_on_and_off_policy(tmp_path, monkeypatch, policy_loss):
+    """Two steps of each `algo.policy_loss` through the real trainer, two mini-batches each (the
+    second update off-policy): finite metrics, and the weights move."""
+    trainer = make_trainer(tmp_path, f"algo.policy_loss={policy_loss}", "optim.mini_batches=2",
+                           monkeypatch=monkeypatch)
+    before = params(trainer)
+    for _ in range(2):
+        metrics = step(trainer)[0]
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["train/updates"] == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, params(trainer), strict=True))
+
+
+@pytest.mark.parametrize("estimator", KL_ESTIMATORS.names())
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_kl_estimators_in_reward_or_loss(tmp_path, monkeypatch, estimator, kl_in):
     beta = 0.1
@@ -234,7 +255,7 @@ def test_truncated_completions_can_be_masked_out_of_the_loss(tmp_path, monkeypat
     ("algo.loss_agg=mean", "algo.loss_agg: 'mean' is not allowed; allowed values: token, sequence, "
                            "seq_mean_token_sum, seq_mean_token_sum_norm"),
     ("algo.ratio_level=group", "algo.ratio_level: 'group' is not allowed; allowed values: token, sequence"),
-    ("algo.kl_estimator=k4", "algo.kl_estimator: 'k4' is not allowed; allowed values: k1, k2, k3"),
+    ("algo.kl_estimator=k4", "algo.kl_estimator: 'k4' is not allowed; allowed values: k1, k2, k3, k3+"),
     ("algo.clip_ratio_c=0.5", "algo.clip_ratio_c: must be 0 (off) or > 1, got 0.5"),
     ("algo.max_resample=-1", "algo.max_resample: must be >= 0, got -1"),
     ("algo.dynamic_sampling_tol=-1", "algo.dynamic_sampling_tol: must be >= 0, got -1.0"),

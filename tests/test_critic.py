@@ -99,10 +99,13 @@ def test_value_clipping_keeps_the_update_near_the_old_values(tiny):
     old = [torch.zeros(len(c)) for c in COMPLETIONS]
     returns = [torch.full((len(c),), 5.0) for c in COMPLETIONS]
     values = [torch.full((len(c),), 1.0) for c in COMPLETIONS]  # as if V had moved +1 already
-    from reasonrl.algo import clipped_value_loss
+    from reasonrl.algo import ValueLossSettings
+    from reasonrl.algo.value_loss import clipped_value_loss
 
-    loss, clipped = clipped_value_loss(torch.cat(values), torch.cat(old), torch.cat(returns), 0.5)
-    assert clipped.all() and loss.tolist() == pytest.approx([0.5 * 4.5 ** 2] * 10)  # V_clip = 0.5
+    loss, stats = clipped_value_loss(torch.cat(values), torch.cat(old), torch.cat(returns), torch.ones(10),
+                                     ValueLossSettings(cliprange_value=0.5))
+    assert stats["vf_clipfrac"].all()
+    assert loss.tolist() == pytest.approx([0.5 * 4.5 ** 2] * 10)  # V_clip = 0.5
     m = w.train_step(CriticBatch(PROMPTS, COMPLETIONS, returns, old))
     assert m["critic/vf_clipfrac"] == 0.0  # V = old V at the first update: nothing clipped yet
     # V a whole unit above the old values (clip range 0.5) and below the targets: the clipped

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reasonrl.algo.gae import clipped_value_loss, explained_variance, gae, masked_whiten, token_rewards
+from reasonrl.algo.gae import explained_variance, gae, masked_whiten, token_rewards
 
 APPROX = dict(rel=1e-6, abs=1e-6)
 
@@ -68,17 +68,6 @@ def test_masked_whiten_over_the_valid_tokens():
     expected = [(v - 3.5) / std for v in (1, 2, 3, 4, 5, 6)]
     assert w[0].tolist() + w[1, :2].tolist() == pytest.approx(expected, rel=1e-5)
     assert w[1, 2:].tolist() == [0.0, 0.0]
-
-
-def test_clipped_value_loss():
-    """c = 0.2, old V = 0.5, R = 2: V = 1.0 moved +0.5 -> clipped to 0.7: max(1, 1.69) / 2 =
-    0.845 (clipped); V = 0.0 moved -0.5 -> 0.3: max(4, 2.89) / 2 = 2 (not clipped)."""
-    loss, clipped = clipped_value_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]),
-                                       torch.tensor([2.0, 2.0]), 0.2)
-    assert loss.tolist() == pytest.approx([0.845, 2.0], **APPROX)
-    assert clipped.tolist() == [True, False]
-    plain, none = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([2.0]), 0.0)
-    assert plain.tolist() == [0.5] and none.tolist() == [False]
 
 
 def test_explained_variance():

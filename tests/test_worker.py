@@ -4,12 +4,13 @@ import copy
 
 import pytest
 import torch
-from helpers import policy_settings
+from helpers import patch_entry, policy_settings
 
-from reasonrl.algo import clipped_policy_loss
+from reasonrl.algo.policy_loss import ppo
 from reasonrl.batch import TrainBatch
 from reasonrl.policy.model import build_tiny_model
 from reasonrl.policy.worker import PolicyWorker, completion_logprobs, make_micro_batches
+from reasonrl.registry import POLICY_LOSSES
 
 PROMPTS = [[1, 5, 9, 11], [1, 7], [1, 5, 9, 11], [3, 4, 5, 6, 7, 8]]
 COMPLETIONS = [[20, 21, 2], [30], [40, 41, 42, 43, 44], [50, 51]]
@@ -303,17 +304,14 @@ def test_entropy_bonus_gradient(base_model):
 def test_second_epoch_ratio_differs_from_one_and_clips(base_model, monkeypatch):
     """Old log-probs are taken once, before the first update: the first epoch sees ratio 1
     (up to round-off), the second sees the moved policy, and the clip acts."""
-    import reasonrl.policy.worker as worker_module
-
     ratios = []
 
-    def recording(*args, **kwargs):
-        out = clipped_policy_loss(*args, **kwargs)
-        mask = args[6]  # (logp, old, adv, clip_low, clip_high, clip_ratio_c, mask, level)
-        ratios.append(out.ratio[mask.bool()])
+    def recording(logp, old_logp, advantages, mask, ctx):
+        out = ppo(logp, old_logp, advantages, mask, ctx)
+        ratios.append(out[1]["ratio"][mask.bool()])
         return out
 
-    monkeypatch.setattr(worker_module, "clipped_policy_loss", recording)
+    patch_entry(monkeypatch, POLICY_LOSSES, "ppo", recording)
     steps, metrics, _ = run_train_step(base_model, 4, lr=5e-2, ppo_epochs=2)
     assert len(steps) == 2 and len(ratios) == 2  # one micro-batch per epoch
     assert (ratios[0] - 1).abs().max().item() < 1e-4

@@ -1,7 +1,9 @@
-"""Pure functions on tensors: advantages, policy loss, aggregation, KL estimators, shaping.
+"""Pure functions on tensors: advantages, policy and value losses, the objective around them,
+aggregation, KL estimators, importance weights, shaping.
 
-Each choice a config key makes (`algo.advantage`, `algo.ratio_level`, `algo.loss_agg`,
-`algo.kl_estimator`) is an entry of a registry in `reasonrl.registry`, filled here.
+Each choice a config key makes (`algo.advantage`, `algo.policy_loss`, `algo.ratio_level`,
+`algo.loss_agg`, `algo.kl_estimator`, `critic.value_loss`) is an entry of a registry in
+`reasonrl.registry`, filled here.
 """
 
 from reasonrl.algo.advantages import (
@@ -11,15 +13,18 @@ from reasonrl.algo.advantages import (
     informative_groups,
     zero_variance_groups,
 )
-from reasonrl.algo.gae import clipped_value_loss, explained_variance, gae, masked_whiten, token_rewards
+from reasonrl.algo.aggregation import aggregate
+from reasonrl.algo.gae import explained_variance, gae, masked_whiten, token_rewards
 from reasonrl.algo.importance import truncated_importance_weights
 from reasonrl.algo.kl import kl_estimate, kl_penalised_rewards
-from reasonrl.algo.loss import PolicyLoss, aggregate, clipped_policy_loss, log_importance_ratio
+from reasonrl.algo.objective import Metric, Totals, policy_objective, value_objective
+from reasonrl.algo.policy_loss import LossSettings, log_importance_ratio
 from reasonrl.algo.shaping import overlong_penalty
+from reasonrl.algo.value_loss import ValueLossSettings
 
 __all__ = [
-    "AdvantageInputs", "PolicyLoss", "aggregate", "clipped_policy_loss", "clipped_value_loss", "estimate",
+    "AdvantageInputs", "LossSettings", "Metric", "Totals", "ValueLossSettings", "aggregate", "estimate",
     "explained_variance", "gae", "group_advantages", "informative_groups", "masked_whiten", "token_rewards",
-    "kl_estimate", "kl_penalised_rewards", "log_importance_ratio", "overlong_penalty",
-    "truncated_importance_weights", "zero_variance_groups",
+    "kl_estimate", "kl_penalised_rewards", "log_importance_ratio", "overlong_penalty", "policy_objective",
+    "truncated_importance_weights", "value_objective", "zero_variance_groups",
 ]

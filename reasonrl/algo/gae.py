@@ -1,6 +1,7 @@
-"""PPO with a learned critic: token rewards, GAE advantages and returns, whitening, the
-clipped value loss and explained variance. Pure functions on [N, T] tensors with a `mask`
-[N, T] of valid completion tokens (row i's tokens are positions 0..len_i - 1).
+"""PPO with a learned critic: token rewards, GAE advantages and returns, whitening and
+explained variance (its value loss: `reasonrl.algo.value_loss`). Pure functions on [N, T]
+tensors with a `mask` [N, T] of valid completion tokens (row i's tokens are positions
+0..len_i - 1).
 
 The completion is the episode: state s_t is the prompt plus tokens 0..t-1, action a_t is
 token t, and the critic's value V_t = V(s_t) is read at the position that predicts token t
@@ -80,24 +81,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     mean = (x * mask).sum() / count.clamp(min=1)
     var = (((x - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       cliprange: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(per-token loss, clipped) [N, T]: the PPO clipped value loss (Schulman et al. 2017, the
-    value-function clipping of the PPO baselines implementation; verl's `compute_value_loss`):
-
-        V_clip = old_V + clip(V - old_V, -c, c)
-        loss_t = 0.5 * max((V - R)^2, (V_clip - R)^2)
-
-    `clipped` marks tokens where the clipped term is the larger one (its gradient is 0).
-    cliprange 0 turns the clip off (plain 0.5 (V - R)^2)."""
-    unclipped = (values - returns) ** 2
-    if cliprange <= 0:
-        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
-    value_clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
-    clipped = (value_clipped - returns) ** 2
-    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).detach()
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -7,7 +7,8 @@ same shape. Names and formulas follow John Schulman, "Approximating KL Divergenc
 - k1 = -log r = logp - ref_logp (unbiased, high variance, can be negative);
 - k2 = (log r)^2 / 2 (biased, low variance, always >= 0);
 - k3 = (r - 1) - log r (unbiased, low variance, always >= 0); the estimator GRPO puts
-  in its loss (Shao et al. 2024, DeepSeekMath eq. 4).
+  in its loss (Shao et al. 2024, DeepSeekMath eq. 4);
+- k3+ = k3 in value, k2 in gradient (verl's straight-through `kl_penalty` "k3+").
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 (Schulman 2020; DeepSeekMath eq. 4)."""
     log_ratio = ref_logp - logp
     return torch.exp(log_ratio) - log_ratio - 1
+
+
+@KL_ESTIMATORS.register("k3+")
+def kl_k3_plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3's value with k2's gradient, by a straight-through sum: k2 - sg[k2] + sg[k3] (verl
+    `kl_penalty`, "k3+" / "low_var_kl+"). k3 is an unbiased, low-variance estimate of the KL's
+    value, but in the loss its gradient is that of the forward KL(pi_ref || pi_theta); k2's
+    gradient, (logp - ref_logp) grad logp, is the reverse KL's in expectation on-policy
+    (Schulman 2020). So the logged value is k3's and the update follows the KL it names."""
+    k2 = kl_k2(logp, ref_logp)
+    return k2 - k2.detach() + kl_k3(logp, ref_logp).detach()
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -10,8 +10,8 @@ The worker mirrors the policy worker: its own AdamW (`critic.lr`), the same micr
 (shared prompts, lean kernels, flat buffers, `optim.gradient_checkpointing`),
 `optim.ppo_epochs` x `optim.mini_batches` updates per step, and a loss normalised by the step's
 token count, so the gradient does not depend on `critic.micro_batch_size` (tested). The loss is
-the clipped value loss (`reasonrl.algo.gae.clipped_value_loss`) around the values the critic
-gave before the step.
+the chosen value loss (`critic.value_loss`, `reasonrl.algo.value_loss`; the clipped one around
+the values the critic gave before the step), through `reasonrl.algo.objective.value_objective`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from reasonrl.accel import TrainingAccel, fused_adam_ok
-from reasonrl.algo import clipped_value_loss
+from reasonrl.algo import Totals, ValueLossSettings, value_objective
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.checkpointing import checkpoint_layers
@@ -75,6 +75,7 @@ class CriticWorker:
         self.model.train()
         self.device = next(model.parameters()).device
         self.micro_batch_size = critic.micro_batch_size or optim.micro_batch_size
+        self.losses = ValueLossSettings.of(critic)
         self.share_prompt = optim.share_prompt and not optim.gradient_checkpointing
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=critic.lr, betas=tuple(optim.betas), eps=optim.eps,
@@ -134,7 +135,8 @@ class CriticWorker:
         model tokens (`token_masks` leave an episode's environment tokens out)."""
         num_tokens = float(max(sum(len(c) for c in completion_ids) if token_masks is None
                                else sum(sum(m) for m in token_masks), 1))
-        sums = dict(vf_loss=0.0, vf_clipfrac=0.0)
+        totals = Totals(num_tokens, float(len(completion_ids)))
+        sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         grad_buffer = self.accel.gradients()
         for mb in self.train_micro_batches(prompt_ids, completion_ids, token_masks):
@@ -142,12 +144,11 @@ class CriticWorker:
             values = self.model.completion_values(mb)
             target = pad_like([returns[i].to(self.device) for i in mb.rows], values)
             old = pad_like([old_values[i].to(self.device) for i in mb.rows], values)
-            per_token, clipped = clipped_value_loss(values, old, target, self.critic.cliprange_value)
-            loss = (per_token * mb.mask).sum() / num_tokens
+            loss, metrics = value_objective(values, old, target, mb.mask, self.losses, totals)
             self.accel.before_backward()
             loss.backward()
-            sums["vf_loss"] += loss.item()
-            sums["vf_clipfrac"] += ((clipped.float() * mb.mask).sum() / num_tokens).item()
+            for name, m in metrics.items():
+                sums[name] = sums.get(name, 0.0) + m.value
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.critic.max_grad_norm if self.critic.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0

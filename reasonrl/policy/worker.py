@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reasonrl.accel import TrainingAccel, fused_adam_ok, recompute_norm_outputs
-from reasonrl.algo import aggregate, clipped_policy_loss, kl_estimate, truncated_importance_weights
+from reasonrl.algo import LossSettings, Metric, Totals, kl_estimate, policy_objective
 from reasonrl.batch import TrainBatch
 from reasonrl.config import AlgoConfig, Config, OptimConfig
 from reasonrl.policy import lora
@@ -265,6 +265,7 @@ class PolicyWorker:
             settings = dataclasses.replace(settings, optim=plain)
         self.model, self.pad_id, self.settings = model, pad_id, settings
         self.algo, self.optim = a, o = settings.algo, settings.optim
+        self.losses = LossSettings.of(a)
         self.accel = TrainingAccel(model, kernels=o.lean_kernels)
         if o.gradient_checkpointing:  # after the kernels: the recompute runs them too
             checkpoint_layers(model)
@@ -389,89 +390,49 @@ class PolicyWorker:
                 ref_logp: list[torch.Tensor] | None, max_len: float,
                 engine_logp: list[torch.Tensor] | None = None,
                 token_masks: list[list[int]] | None = None) -> dict[str, float]:
-        """One optimizer step on these rows; normalisers are totals over exactly these rows
-        (their model tokens: `token_masks` leave an episode's environment tokens out).
-        With the engine's log-probs, logs |logp_engine - logp_old| and (`tis_cap`) weights
-        the per-token loss by `truncated_importance_weights`."""
-        a, o = self.algo, self.optim
-        num_tokens = float(sum(len(c) for c in completion_ids) if token_masks is None
-                           else sum(sum(m) for m in token_masks))
-        num_sequences = float(len(completion_ids))
-
-        def agg(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return aggregate(per_token, mask, a.loss_agg, num_tokens, num_sequences, max_len)
-
-        def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> float:
-            return ((per_token.detach().float() * mask).sum() / max(num_tokens, 1.0)).item()
-
-        sums = dict(loss=0.0, pg_loss=0.0, entropy=0.0, clip_frac=0.0, dual_clip_frac=0.0, ratio_mean=0.0)
-        if self.ref_model is not None:
-            sums["kl"] = 0.0
-        if engine_logp is not None:
-            sums.update(logprob_diff_mean=0.0, **(dict(tis_weight_mean=0.0, tis_capped_frac=0.0)
-                                                  if a.tis_cap > 0 else {}))
-        ratio_max, ratio_min, diff_max = -math.inf, math.inf, 0.0
+        """One optimizer step on these rows: forward -> `policy_objective` -> backward per
+        micro-batch; normalisers are totals over exactly these rows (their model tokens:
+        `token_masks` leave an episode's environment tokens out)."""
+        o = self.optim
+        totals = Totals(float(sum(len(c) for c in completion_ids) if token_masks is None
+                              else sum(sum(m) for m in token_masks)), float(len(completion_ids)), max_len)
+        combined: dict[str, Metric] = {}
         self.optimizer.zero_grad(set_to_none=True)
         grad_buffer = self.accel.gradients()
         advantages = advantages.to(self.device)
         for mb in self.train_micro_batches(prompt_ids, completion_ids, token_masks):
             mb = mb.to(self.device)
             logp, entropy = completion_logprobs(self.model, mb, self.settings.temperature, with_entropy=True,
-                                                entropy_grad=a.entropy_coef != 0)
+                                                entropy_grad=self.losses.entropy_coef != 0)
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
-            adv = advantages[mb.rows]
-            adv = adv if adv.dim() == 1 else adv[:, : logp.size(1)]  # token-level (a critic's GAE)
-            pg = clipped_policy_loss(logp, old, adv, a.clip_low, a.clip_high,
-                                     a.clip_ratio_c, mb.mask, a.ratio_level)
-            pg_tokens = pg.loss
-            if engine_logp is not None:
-                engine = pad_like([engine_logp[i] for i in mb.rows], old)
-                diff = (engine - old).abs()
-                sums["logprob_diff_mean"] += token_mean(diff, mb.mask)
-                diff_max = max(diff_max, (diff * mb.mask).max().item())
-                if a.tis_cap > 0:
-                    weight = truncated_importance_weights(old, engine, a.tis_cap)
-                    pg_tokens = pg.loss * weight
-                    sums["tis_weight_mean"] += token_mean(weight, mb.mask)
-                    sums["tis_capped_frac"] += token_mean(weight >= a.tis_cap, mb.mask)
-            loss = agg(pg_tokens, mb.mask)
-            sums["pg_loss"] += loss.item()
-            if a.entropy_coef != 0:
-                loss = loss - a.entropy_coef * agg(entropy, mb.mask)
+            ref = None
             if self.ref_model is not None:
                 if ref_logp is None:
                     with torch.no_grad():
                         ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
                 else:
                     ref = pad_like([ref_logp[i] for i in mb.rows], logp)
-                kl_tok = kl_estimate(logp, ref, a.kl_estimator)
-                sums["kl"] += token_mean(kl_tok, mb.mask)
-                if a.beta > 0 and a.kl_in == "loss":
-                    loss = loss + a.beta * agg(kl_tok, mb.mask)
+            engine = None if engine_logp is None else pad_like([engine_logp[i] for i in mb.rows], old)
+            loss, metrics = policy_objective(logp, old, advantages[mb.rows], mb.mask, self.losses, totals,
+                                             entropy, ref, engine)
             self.accel.before_backward()
             loss.backward()
-            sums["loss"] += loss.item()
-            sums["entropy"] += token_mean(entropy, mb.mask)
-            sums["clip_frac"] += token_mean(pg.clipped, mb.mask)
-            sums["dual_clip_frac"] += token_mean(pg.dual_clipped, mb.mask)
-            sums["ratio_mean"] += token_mean(pg.ratio, mb.mask)
-            valid = pg.ratio[mb.mask.bool()]
-            if valid.numel():
-                ratio_max = max(ratio_max, valid.max().item())
-                ratio_min = min(ratio_min, valid.min().item())
+            for name, m in metrics.items():
+                c = combined.get(name)
+                combined[name] = m if c is None else Metric(
+                    {"sum": c.value + m.value, "max": max(c.value, m.value),
+                     "min": min(c.value, m.value)}[m.reduce], m.reduce, m.empty)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
-        skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["loss"])
+        skipped = not math.isfinite(grad_norm) or not math.isfinite(combined["loss"].value)
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
         del grad_buffer
-        if engine_logp is not None:
-            sums["logprob_diff_max"] = diff_max
-        return {**sums, "ratio_max": ratio_max if ratio_max > -math.inf else 1.0,
-                "ratio_min": ratio_min if ratio_min < math.inf else 1.0,
-                "grad_norm": grad_norm, "skipped_update": float(skipped)}
+        out = {k: m.empty if m.empty is not None and not math.isfinite(m.value) else m.value
+               for k, m in combined.items()}
+        return {**out, "grad_norm": grad_norm, "skipped_update": float(skipped)}
 
     # ---- weights ----------------------------------------------------------------------
 

@@ -1,0 +1,124 @@
+"""The objective of one micro-batch: what the learner differentiates, on one screen.
+
+The policy's is the chosen policy loss (`algo.policy_loss`, `reasonrl.algo.policy_loss`)
+weighted by truncated importance sampling, aggregated (`algo.loss_agg`), minus the entropy
+bonus, plus the KL term; the critic's the chosen value loss, a token mean. As in
+nano-aha-moment's `compute_pg_loss` and OpenRLHF's `loss.py`, the whole objective lives
+outside the worker, which only runs forward -> objective -> backward.
+
+Every normaliser is a total over the whole optimizer step (`Totals`), never the micro-batch:
+each micro-batch returns its share, and the shares add up to the full-batch loss (and its
+metrics), so neither depends on the micro-batch size. Metrics come back as `Metric`s that
+say how they combine over micro-batches, data-parallel ranks and updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reasonrl.algo.aggregation import aggregate
+from reasonrl.algo.importance import truncated_importance_weights
+from reasonrl.algo.kl import kl_estimate
+from reasonrl.algo.policy_loss import LossSettings
+from reasonrl.algo.value_loss import ValueLossSettings
+from reasonrl.registry import POLICY_LOSSES, VALUE_LOSSES
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number of an update and how it combines with the others of its name:
+
+    - `sum`: a share (a token mean over the step's token count, a normalised loss): added over
+      micro-batches and data-parallel ranks; the step logs the mean over its updates;
+    - `max` / `min`: the extreme over micro-batches, ranks and updates; `empty` is logged when
+      no token gave a value (the value is then -inf / +inf);
+    - `mean`: one value per update that every rank computes (a grad norm; a skip on any rank
+      is the update's, so the ranks take the max); the step logs the mean over updates."""
+
+    value: float
+    reduce: str = "sum"
+    empty: float | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The normalisers of one optimizer step: its rows' model tokens and sequences (on every
+    rank together), and the generation budget (Dr. GRPO's constant)."""
+
+    tokens: float
+    sequences: float
+    max_response_length: float = 0.0
+
+
+def token_share(per_token: torch.Tensor, mask: torch.Tensor, totals: Totals) -> float:
+    """This micro-batch's share of the step's token mean of `per_token`."""
+    return ((per_token.detach().float() * mask).sum() / max(totals.tokens, 1.0)).item()
+
+
+def extremes(name: str, per_token: torch.Tensor, mask: torch.Tensor) -> dict[str, Metric]:
+    """`name`_max and `name`_min over the valid tokens (1 when there is none)."""
+    valid = per_token[mask.bool()]
+    some = valid.numel() > 0
+    return {f"{name}_max": Metric(valid.max().item() if some else -float("inf"), "max", 1.0),
+            f"{name}_min": Metric(valid.min().item() if some else float("inf"), "min", 1.0)}
+
+
+def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, s: LossSettings, totals: Totals,
+                     entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                     engine_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """(this micro-batch's share of the step's loss, its metrics). `logp` [M, T] with gradient;
+    `old_logp`, `ref_logp` (the reference model's, when there is one) and `engine_logp` (the
+    rollout engine's, when it reports them) [M, T] detached; `advantages` [M] or [M, >= T];
+    `entropy` [M, T] (with gradient only when the bonus is on).
+
+        loss = agg(policy_loss * w_TIS) - entropy_coef * agg(H) + beta * agg(KL)   (kl_in=loss)
+
+    w_TIS = min(pi_old / pi_engine, tis_cap) (`truncated_importance_weights`, Yao et al. 2025);
+    the entropy bonus is the classic PPO one (Schulman et al. 2017, eq. 9); the KL term is
+    GRPO's (Shao et al. 2024, eq. 3) with `algo.kl_estimator`. train/kl is logged whenever
+    there is a reference, whatever `beta` and `kl_in` are."""
+    def agg(per_token: torch.Tensor) -> torch.Tensor:
+        return aggregate(per_token, mask, s.loss_agg, totals.tokens, totals.sequences,
+                         totals.max_response_length)
+
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages[:, : logp.size(1)]
+    per_token, stats = POLICY_LOSSES.get(s.policy_loss)(logp, old_logp, adv, mask, s)
+    metrics: dict[str, Metric] = {}
+    if engine_logp is not None:
+        diff = (engine_logp - old_logp).abs()
+        metrics["logprob_diff_mean"] = Metric(token_share(diff, mask, totals))
+        metrics["logprob_diff_max"] = Metric((diff * mask).max().item(), "max")
+        if s.tis_cap > 0:
+            weight = truncated_importance_weights(old_logp, engine_logp, s.tis_cap)
+            per_token = per_token * weight
+            metrics["tis_weight_mean"] = Metric(token_share(weight, mask, totals))
+            metrics["tis_capped_frac"] = Metric(token_share(weight >= s.tis_cap, mask, totals))
+    loss = pg_loss = agg(per_token)
+    if s.entropy_coef != 0:
+        loss = loss - s.entropy_coef * agg(entropy)
+    if ref_logp is not None:
+        kl = kl_estimate(logp, ref_logp, s.kl_estimator)
+        metrics["kl"] = Metric(token_share(kl, mask, totals))
+        if s.beta > 0 and s.kl_in == "loss":
+            loss = loss + s.beta * agg(kl)
+    metrics.update(loss=Metric(loss.item()), pg_loss=Metric(pg_loss.item()))
+    if entropy is not None:
+        metrics["entropy"] = Metric(token_share(entropy, mask, totals))
+    ratio = stats.pop("ratio")
+    metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in stats.items()})
+    metrics.update(ratio_mean=Metric(token_share(ratio, mask, totals)), **extremes("ratio", ratio, mask))
+    return loss, metrics
+
+
+def value_objective(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                    s: ValueLossSettings, totals: Totals) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """(this micro-batch's share of the critic's loss, its metrics): the chosen value loss
+    (`critic.value_loss`), a token mean over the step's model tokens."""
+    per_token, stats = VALUE_LOSSES.get(s.value_loss)(values, old_values, returns, mask, s)
+    loss = (per_token * mask).sum() / max(totals.tokens, 1.0)
+    metrics = {"vf_loss": Metric(loss.item())}
+    metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in stats.items()})
+    return loss, metrics

@@ -1,0 +1,181 @@
+"""Policy losses: one function per `algo.policy_loss`, all with one signature (verl's
+`register_policy_loss`, without its config plumbing):
+
+    loss(logp, old_logp, advantages, mask, ctx) -> (per_token_loss, stats)
+
+`logp` [N, T] are the current policy's log-probs of the sampled tokens (with gradient),
+`old_logp` [N, T] those of the policy that sampled them (detached), `advantages` [N, 1] (one
+per completion) or [N, T] (per token, a critic's GAE), `mask` [N, T] 1 on the tokens that
+count, `ctx` the `LossSettings`. `per_token_loss` [N, T] is the negated objective (lower is
+better), aggregated by `algo.loss_agg` afterwards; `stats` are detached per-token diagnostics,
+each logged as its token mean, and always hold `ratio`, the importance ratio pi / pi_old as the
+loss used it (also logged as its max and min). The entropy bonus, the KL term and the
+importance corrections compose around the loss in `reasonrl.algo.objective`.
+
+The importance ratio of the ratio-based losses is taken at `algo.ratio_level` (a
+`RATIO_LEVELS` entry): per token, or GSPO's per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from reasonrl.registry import POLICY_LOSSES, RATIO_LEVELS
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The `algo` keys the objective and its losses read (the `ctx` of every loss), by the
+    config's names; `of(algo)` copies them from the config section."""
+
+    policy_loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_ratio_c: float = 0.0
+    ratio_level: str = "token"
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    loss_agg: str = "token"
+    entropy_coef: float = 0.0
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in: str = "loss"
+    tis_cap: float = 0.0
+
+    @classmethod
+    def of(cls, algo) -> LossSettings:
+        return cls(**{f.name: getattr(algo, f.name) for f in fields(cls)})
+
+
+Stats = dict[str, torch.Tensor]
+
+
+def log_importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None,
+                         level: str) -> torch.Tensor:
+    """log of the importance ratio pi_theta / pi_old per token [N, T], at `level` (a
+    `RATIO_LEVELS` entry)."""
+    return RATIO_LEVELS.get(level)(logp, old_logp, mask)
+
+
+@RATIO_LEVELS.register("token")
+def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """log r_t = logp_t - old_logp_t (PPO, Schulman et al. 2017, r_t(theta) of eq. 6; GRPO)."""
+    return logp - old_logp
+
+
+@RATIO_LEVELS.register("sequence")
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """GSPO's length-normalised sequence ratio (Zheng et al. 2025, "Group Sequence Policy
+    Optimization", arXiv:2507.18071, definition of s_i(theta)):
+    s_i = (pi_theta(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t(logp_it - old_logp_it)), the
+    geometric mean of the token ratios. It is written in the GSPO-token form
+    log s_it = sg[log s_i] + logp_it - sg[logp_it]: the value is s_i at every token and
+    d s_it / d logp_it = s_i, so with `sequence` aggregation (mean over the |y_i| tokens) the
+    gradient is exactly d s_i, as in the paper."""
+    if mask is None:
+        raise ValueError("ratio_level=sequence needs the token mask")
+    mask = mask.to(logp.dtype)
+    seq = ((logp - old_logp) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return logp - logp.detach() + seq.detach().unsqueeze(-1)
+
+
+def ratio_at_level(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                   ctx: LossSettings) -> torch.Tensor:
+    """rho [N, T] = exp(`log_importance_ratio` at `ctx.ratio_level`)."""
+    return torch.exp(log_importance_ratio(logp, old_logp, mask, ctx.ratio_level))
+
+
+@POLICY_LOSSES.register("ppo")
+def ppo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+        ctx: LossSettings) -> tuple[torch.Tensor, Stats]:
+    """PPO's clipped surrogate, per token (the default):
+
+        loss_t = -min(rho_t * A, clip(rho_t, 1 - clip_low, 1 + clip_high) * A)
+
+    PPO (Schulman et al. 2017, eq. 7) as GRPO uses it per token (Shao et al. 2024, eq. 3);
+    separate lower and upper bounds are DAPO's "clip-higher" (Yu et al. 2025, sec. 3.1); with
+    `ratio_level=sequence` it is GSPO's objective. Dual clip (`clip_ratio_c` > 1; 0 = off): for
+    A < 0 the loss is also capped at -A * clip_ratio_c, so a token whose ratio exploded cannot
+    dominate the batch (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+    RL", AAAI, dual-clip PPO; verl's `clip_ratio_c`, default 3). `clip_frac`: tokens whose
+    gradient a clip (either one) removed; `dual_clip_frac`: the dual clip's."""
+    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - ctx.clip_low, 1.0 + ctx.clip_high)
+    loss = torch.maximum(unclipped, clipped_loss)
+    clipped = clipped_loss > unclipped
+    dual = torch.zeros_like(clipped)
+    if ctx.clip_ratio_c > 0:
+        cap = -advantages * ctx.clip_ratio_c
+        dual = (advantages < 0) & (cap < loss)
+        loss = torch.where(dual, cap.expand_as(loss), loss)
+    return loss, {"ratio": ratio.detach(), "clip_frac": (clipped | dual).detach(),
+                  "dual_clip_frac": dual.detach()}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          ctx: LossSettings) -> tuple[torch.Tensor, Stats]:
+    """CISPO, the clipped importance-sampling-weight objective of MiniMax-M1 (MiniMax 2025,
+    arXiv:2506.13585, sec. 3.1; verl `compute_policy_loss_cispo`):
+
+        loss_t = -sg[clip(rho_t, 1 - clip_low, 1 + clip_high)] * A * logp_t
+
+    The weight is clipped and its gradient stopped, so every token keeps the REINFORCE
+    gradient A * grad logp_t, scaled by the bounded weight: unlike PPO's clip, no token (the
+    rare "However", "Wait" tokens the paper names) loses its gradient. The paper bounds only
+    the upper side (a large clip_low, e.g. 1, leaves the lower one open). `clip_frac`: tokens
+    whose weight the clip changed."""
+    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    weight = torch.clamp(ratio, 1.0 - ctx.clip_low, 1.0 + ctx.clip_high).detach()
+    return -weight * advantages * logp, {"ratio": ratio.detach(), "clip_frac": (ratio != weight).detach()}
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         ctx: LossSettings) -> tuple[torch.Tensor, Stats]:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673;
+    verl `compute_policy_loss_geo_mean`): the sequence's ratio is the geometric mean of its
+    token ratios, each clipped in log space, so one outlier token cannot dominate it:
+
+        l_t = sgn(A) * min(sgn(A) * log rho_t, sgn(A) * clip(log rho_t, -clip_low, clip_high))
+        loss_i = -A_i * exp(mean_t l_t)        (at every token of completion i)
+
+    with log rho_t = logp_t - old_logp_t (the ratio is per sequence by definition: no
+    `ratio_level`), clip_low / clip_high bounds on the LOG ratio (the paper uses 0.4), and A_i
+    the completion's advantage (a token advantage's mean over the completion). The paper's
+    objective is the mean over completions: `algo.loss_agg=sequence`. `clip_frac`: tokens where
+    the clipped log ratio was the one kept and differed."""
+    log_ratio = logp - old_logp
+    sign = torch.sign(advantages)
+    bounded = torch.clamp(log_ratio, -ctx.clip_low, ctx.clip_high)
+    kept = sign * torch.minimum(sign * log_ratio, sign * bounded)
+    mask = mask.to(logp.dtype)
+    count = mask.sum(-1, keepdim=True).clamp(min=1.0)
+    ratio = torch.exp((kept * mask).sum(-1, keepdim=True) / count)  # [N, 1]
+    adv = advantages if advantages.size(-1) == 1 else (advantages * mask).sum(-1, keepdim=True) / count
+    loss = (-adv * ratio).expand_as(logp)
+    return loss, {"ratio": ratio.detach().expand_as(logp),
+                  "clip_frac": (sign * bounded < sign * log_ratio).detach()}
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         ctx: LossSettings) -> tuple[torch.Tensor, Stats]:
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen, arXiv:2511.20347;
+    verl `compute_policy_loss_sapo`): a smooth gate instead of the hard clip,
+
+        f(rho, tau) = sigmoid(tau * (rho - 1)) * 4 / tau,   loss_t = -f(rho_t, tau) * A
+
+    with tau = sapo_tau_pos for A > 0 and sapo_tau_neg otherwise (the paper: 1.0 and 1.05,
+    tau_neg > tau_pos because negative updates spread to many unsampled tokens). On-policy
+    (rho = 1) the gradient is A * grad logp_t, as PPO's; as rho leaves 1 it decays smoothly
+    (f' = 4 sigmoid(1 - sigmoid)), by a token's own ratio rather than the whole sequence's.
+    The paper aggregates per sequence (`algo.loss_agg=sequence`). `gate_mean`: the token mean
+    of f."""
+    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    tau = torch.where(advantages > 0, ctx.sapo_tau_pos, ctx.sapo_tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    return -gate * advantages, {"ratio": ratio.detach(), "gate_mean": gate.detach()}
