@@ -175,11 +175,9 @@ class Trainer:
     def sync_weights(self) -> None:
         """Push the policy's weights to the rollout engine and check, by checksum (and for
         engines that want it, the log-probs of a probe sequence), that the engine serves
-        them (`WeightSyncError` otherwise); later rollouts carry this version."""
-        probe = self.rollout.probe_due()
-        self.rollout.load_weights(self.policy.named_weights(), version=self.step_count,
-                                  expected_checksum=self.policy.weights_checksum(),
-                                  expected_probe=None if probe is None else self.policy.probe_logprobs(probe))
+        them (`WeightSyncError` otherwise); later rollouts carry this version
+        (`reasonrl.placement.sync`)."""
+        self.workers.sync.push(self.step_count)
 
     def evaluate(self) -> dict[str, float]:
         """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import random
+from pathlib import Path
 
 import pytest
+import torch
 
 from reasonrl.batch import Rollouts
-from reasonrl.config import AlgoConfig, OptimConfig
+from reasonrl.config import AlgoConfig, OptimConfig, load_config
 from reasonrl.policy.worker import PolicySettings, make_micro_batches
 
 # LoRA needs the `lora` extra (peft; in `dev`, absent from `make test-bare`)
@@ -98,3 +101,45 @@ def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokeni
                 assert mb.targets[j, :n].tolist() == r.completion_ids[i]
                 assert mb.mask[j, :n].tolist() == [float(b) for b in r.token_mask[i]]
                 assert mb.mask[j, n:].sum() == 0
+
+
+# ---- runs of configs/smoke.yaml compared across placements (test_scaling, test_placement) ----
+
+REPO = Path(__file__).parent.parent
+TRAINS = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:length",
+          "reward.isolate_fn=false", "optim.lr=1e-3"]
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """The runs set torch's thread count (trainer.threads=1); later tests get it back. Autouse
+    in every module that imports it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def smoke_cfg(out: Path, name: str, *overrides: str):
+    return load_config(REPO / "configs" / "smoke.yaml", [
+        f"trainer.output_dir={out}", f"trainer.run_name={name}", "trainer.progress=false",
+        "trainer.steps=3", "trainer.threads=1", "tracking.report=false", *TRAINS, *overrides])
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
+
+
+# 1 - Var(R - V) / Var(R) near 0 cancels: its absolute error is the ratio's relative error,
+# ~1e-5 when the values are float32 sums in another order
+ABS_TOL = {"critic/explained_variance": 1e-5}
+
+
+def assert_metrics_close(a: list[dict], b: list[dict], rel: float) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            tol = ABS_TOL.get(k, 1e-7) if rel > 1e-6 else 1e-7
+            assert ra[k] == pytest.approx(rb[k], rel=rel, abs=tol), f"step {ra['step']}: {k}"

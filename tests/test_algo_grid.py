@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import reasonrl.collect
-import reasonrl.placement
+import reasonrl.placement.local
 from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
 from reasonrl.config import load_config
@@ -37,7 +37,7 @@ BASE = ["trainer.progress=false", "data.arithmetic.val_size=0", "data.arithmetic
 def cached_tiny_model(tiny, monkeypatch):
     """Trainers get a fresh copy of the session's tiny model instead of building one."""
     model, tokenizer = tiny
-    monkeypatch.setattr(reasonrl.placement, "load_model_and_tokenizer",
+    monkeypatch.setattr(reasonrl.placement.local, "load_model_and_tokenizer",
                         lambda *args, **kwargs: (copy.deepcopy(model), tokenizer))
 
 

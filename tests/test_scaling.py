@@ -1,18 +1,15 @@
-"""Scale-out: Ray placement, data-parallel ranks (gloo + FSDP2), LoRA (docs/scaling.md).
+"""Scale-out: data-parallel ranks (gloo + FSDP2), LoRA, the placement config's rules
+(docs/scaling.md). Placement itself (Ray actors, proxies, weight sync) is tested in
+test_placement.py.
 
-Ray tests share one Ray instance for the session (started once, ~10 s on 2 cores, shut down
-at the end); every run stops its own actors. The 2-rank gradient test runs its ranks as
-plain processes with torch.distributed (gloo).
+The 2-rank gradient test runs its ranks as plain processes with torch.distributed (gloo).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
-import json
 import math
-import os
 import pickle
 import shutil
 import socket
@@ -21,50 +18,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HAS_PEFT, needs_peft
+from helpers import (
+    HAS_PEFT,
+    REPO,
+    keep_torch_threads,  # noqa: F401 (autouse)
+    metrics,
+    needs_peft,
+    smoke_cfg,
+)
 
 from reasonrl.config import load_config
-from reasonrl.errors import ConfigError, WeightSyncError
+from reasonrl.errors import ConfigError
 from reasonrl.trainer import Trainer, train
-
-REPO = Path(__file__).parent.parent
-TRAINS = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:length",
-          "reward.isolate_fn=false", "optim.lr=1e-3"]
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """The runs here set torch's thread count (trainer.threads=1); later tests get it back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def smoke_cfg(out: Path, name: str, *overrides: str):
-    return load_config(REPO / "configs" / "smoke.yaml", [
-        f"trainer.output_dir={out}", f"trainer.run_name={name}", "trainer.progress=false",
-        "trainer.steps=3", "trainer.threads=1", "tracking.report=false", *TRAINS, *overrides])
-
-
-def metrics(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items()
-             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
-
-
-# 1 - Var(R - V) / Var(R) near 0 cancels: its absolute error is the ratio's relative error,
-# ~1e-5 when the values are float32 sums in another order
-ABS_TOL = {"critic/explained_variance": 1e-5}
-
-
-def assert_metrics_close(a: list[dict], b: list[dict], rel: float) -> None:
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys()
-        for k in ra:
-            tol = ABS_TOL.get(k, 1e-7) if rel > 1e-6 else 1e-7
-            assert ra[k] == pytest.approx(rb[k], rel=rel, abs=tol), f"step {ra['step']}: {k}"
-
 
 # ---- config -----------------------------------------------------------------------------
 
@@ -535,58 +500,6 @@ def test_each_prompt_samples_from_its_own_seed_whatever_the_split(tiny):
     assert len({tuple(c) for c in whole.completion_ids}) == len(whole)  # every sample its own
 
 
-def test_weight_buckets_keep_decoder_layers_whole():
-    """`plan_buckets` by hand: groups embed (100 B), layer 0 (60), layer 1 (80), norm (10),
-    lm_head (100), packed greedily in order into buckets of at most 100 (or 150) bytes; a
-    group never splits, one larger than the bucket travels alone."""
-    from reasonrl.weights import plan_buckets
-
-    named = [("model.embed_tokens.weight", 100), ("model.layers.0.q.weight", 30),
-             ("model.layers.0.k.weight", 30), ("model.layers.1.q.weight", 30),
-             ("model.layers.1.mlp.weight", 50), ("model.norm.weight", 10), ("lm_head.weight", 100)]
-    assert plan_buckets(named, 100) == [
-        ["model.embed_tokens.weight"], ["model.layers.0.q.weight", "model.layers.0.k.weight"],
-        ["model.layers.1.q.weight", "model.layers.1.mlp.weight", "model.norm.weight"], ["lm_head.weight"]]
-    assert plan_buckets(named, 150) == [
-        ["model.embed_tokens.weight"],
-        ["model.layers.0.q.weight", "model.layers.0.k.weight", "model.layers.1.q.weight",
-         "model.layers.1.mlp.weight", "model.norm.weight"], ["lm_head.weight"]]
-    assert plan_buckets(named, 10) == [["model.embed_tokens.weight"],
-                                       ["model.layers.0.q.weight", "model.layers.0.k.weight"],
-                                       ["model.layers.1.q.weight", "model.layers.1.mlp.weight"],
-                                       ["model.norm.weight"], ["lm_head.weight"]]
-    with pytest.raises(ValueError, match="placement.sync_bucket_mb: must be > 0"):
-        plan_buckets(named, 0)
-
-
-def test_a_tensor_parallel_size_vllm_cannot_place_stops_at_start_up():
-    """vLLM's tensor parallelism needs one GPU per worker and heads that divide by the size
-    (key/value heads may also be replicated: size a multiple of theirs)."""
-    import types
-
-    from reasonrl.placement import preflight
-    from reasonrl.rollout.vllm import check_tensor_parallel
-
-    smol = types.SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)  # SmolLM2-135M's
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size: 3 needs 3 GPUs visible to the engine's "
-                                          r"process; it sees 2"):
-        check_tensor_parallel(3, smol, gpus=2)
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size: 2 does not divide the model's 9 attention "
-                                          r"heads \(3 key/value heads\)"):
-        check_tensor_parallel(2, smol, gpus=2)
-    check_tensor_parallel(3, smol, gpus=4)
-    check_tensor_parallel(9, smol, gpus=9)  # 3 key/value heads, each on 3 GPUs
-    check_tensor_parallel(1, smol, gpus=0)
-    if torch.cuda.device_count() < 2:
-        cfg = load_config(REPO / "configs" / "smoke.yaml", ["rollout.engine=vllm",
-                                                            "rollout.vllm.tensor_parallel_size=2"])
-        with pytest.raises(ConfigError, match=r"rollout.vllm.tensor_parallel_size: 2 GPUs per engine, and "
-                                              rf"this machine has {torch.cuda.device_count()}") as info:
-            preflight(cfg)
-        if importlib.util.find_spec("vllm") is None:  # every problem at once, the missing extra too
-            assert str(info.value).startswith("rollout.engine: ") and "make vllm" in str(info.value)
-
-
 # ---- CUDA (skipped without a GPU) --------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -626,251 +539,3 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
             assert_same_step(name, run_case(rank, model, hyper), one, sgd_lr or 0.0)
     finally:
         dist.destroy_process_group()
-
-
-@needs_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_local_mode_trains_on_the_gpu(tmp_path, dtype):
-    """placement.device=auto puts the policy and the colocated engine on the GPU; a run
-    trains, logs its peak GPU memory (mem/) and saves a checkpoint."""
-    trainer = Trainer(smoke_cfg(tmp_path, "gpu", f"model.dtype={dtype}", "trainer.steps=2"))
-    assert trainer.policy.device.type == "cuda"
-    assert next(trainer.rollout.engine.model.parameters()).device.type == "cuda"
-    trainer.fit()
-    rows = [json.loads(x) for x in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["step"] == 2 and math.isfinite(rows[-1]["train/loss"])
-    assert rows[-1]["mem/gpu_peak_allocated_gib"] > 0
-    assert (tmp_path / "gpu" / "checkpoints" / "step_2" / "huggingface").is_dir()
-
-
-# ---- Ray -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One Ray instance for the session: 4 logical CPUs (two policy ranks + the rollout
-    worker fit), a small object store; shut down (no process left) at the end."""
-    ray = pytest.importorskip("ray")  # the dev extra; a GPU machine without it skips these
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    t = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,
-             configure_logging=False, log_to_driver=False)
-    print(f"[test_scaling] ray.init took {time.perf_counter() - t:.1f} s")
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("local")
-    train(smoke_cfg(out, "local"))
-    return metrics(out / "local")
-
-
-def test_ray_mode_gives_the_metrics_of_local_mode(ray_session, local_run, tmp_path):
-    """The same 3 steps with the policy and the rollout worker in two Ray actors: weights
-    go actor to actor (checksum-checked each sync), rollouts carry the policy version, the
-    rollout actor samples from the same seed. Metrics equal to rel 1e-6 (measured: equal)."""
-    train(smoke_cfg(tmp_path, "ray", "placement.mode=ray"))
-    run = tmp_path / "ray"
-    assert_metrics_close(metrics(run), local_run, rel=1e-6)
-    assert (run / "checkpoints" / "step_3" / "huggingface" / "model.safetensors").is_file()
-    assert ray_session.available_resources().get("CPU") is not None
-
-
-def test_ppo_with_the_critic_in_its_own_actor_matches_local_mode(ray_session, tmp_path):
-    """algo.advantage=gae: the critic is a third actor (values, its update, its checkpoint
-    folder carried back); 2 steps' metrics equal local mode's (rel 1e-6)."""
-    ppo = ["algo.advantage=gae", "rollout.n=1", "trainer.steps=2", "critic.lr=1e-3"]
-    train(smoke_cfg(tmp_path, "local", *ppo))
-    train(smoke_cfg(tmp_path, "ray", *ppo, "placement.mode=ray"))
-    assert_metrics_close(metrics(tmp_path / "ray"), metrics(tmp_path / "local"), rel=1e-6)
-    assert (tmp_path / "ray" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors").is_file()
-    # the critic as two FSDP2 ranks (gloo): float32 sums in another order, rel 1e-4 (as the policy's)
-    train(smoke_cfg(tmp_path, "ranks", *ppo, "placement.mode=ray", "placement.critic.ranks=2"))
-    assert_metrics_close(metrics(tmp_path / "ranks"), metrics(tmp_path / "local"), rel=1e-4)
-    from safetensors.torch import load_file
-
-    saved = load_file(tmp_path / "ranks" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors")
-    local = load_file(tmp_path / "local" / "checkpoints" / "step_2" / "critic" / "value_model.safetensors")
-    assert saved.keys() <= local.keys() and "value_head.weight" in saved
-
-
-def test_two_ray_policy_ranks_match_one_local_process(ray_session, local_run, tmp_path):
-    """placement.policy.ranks=2: two FSDP2 ranks (gloo) in Ray actors train the same 3 steps;
-    metrics match local mode to rel 1e-4 (float32 sums in another order), and the
-    checkpoint written through the ranks loads as an HF folder."""
-    from transformers import AutoModelForCausalLM
-
-    train(smoke_cfg(tmp_path, "dp", "placement.mode=ray", "placement.policy.ranks=2"))
-    assert_metrics_close(metrics(tmp_path / "dp"), local_run, rel=1e-4)
-    AutoModelForCausalLM.from_pretrained(tmp_path / "dp" / "checkpoints" / "step_3" / "huggingface")
-
-
-def test_a_worker_asking_for_a_missing_resource_fails_within_the_timeout(ray_session, tmp_path):
-    from reasonrl.errors import PlacementError
-    from reasonrl.placement import build_workers
-
-    cfg = smoke_cfg(tmp_path, "r", "placement.mode=ray", "placement.start_timeout=3",
-                    "placement.rollout.resources={tpu_pod: 1}")
-    t = time.perf_counter()
-    with pytest.raises(PlacementError) as err:
-        build_workers(cfg)
-    elapsed = time.perf_counter() - t
-    assert elapsed < 3 + 5, elapsed  # the timeout plus a little bookkeeping
-    message = str(err.value)
-    assert "the rollout worker waits for" in message and "'tpu_pod': 1.0" in message
-    assert "placement.start_timeout" in message and "no machine of the Ray cluster offers that" in message
-    deadline = time.time() + 10  # the actors were killed: their CPUs come back
-    while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray_session.available_resources().get("CPU", 0) == 4
-
-
-def test_proxies_are_the_declared_worker_apis_and_the_workers_implement_them():
-    """The Ray proxies have exactly the protocols' methods (no attribute forwarding that would
-    let a renamed method fail mid-run), and every worker class implements its protocol."""
-    from reasonrl.placement import RemotePolicy, RemoteRollout
-    from reasonrl.policy.parallel import RankPolicyWorker
-    from reasonrl.policy.worker import PolicyWorker
-    from reasonrl.rollout import RolloutEngine, RolloutWorker
-    from reasonrl.rollout.hf import HFEngine
-    from reasonrl.rollout.vllm import VLLMEngine
-    from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
-
-    for proxy, api in ((RemotePolicy, PolicyWorkerAPI), (RemoteRollout, RolloutWorkerAPI)):
-        public = {n for n in dir(proxy) if not n.startswith("_") and callable(getattr(proxy, n))}
-        assert public == set(api_methods(api))
-        assert "__getattr__" not in vars(proxy) and "__getattr__" not in vars(proxy.__mro__[1])
-    assert "close" in api_methods(PolicyWorkerAPI) and "close" in api_methods(RolloutWorkerAPI)
-    for worker, api in ((PolicyWorker, PolicyWorkerAPI), (RankPolicyWorker, PolicyWorkerAPI),
-                        (RolloutWorker, RolloutWorkerAPI), (HFEngine, RolloutEngine),
-                        (VLLMEngine, RolloutEngine)):
-        assert missing_methods(worker, api) == [], worker
-
-
-def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_session, tmp_path, monkeypatch):
-    import reasonrl.placement as placement
-    from reasonrl.errors import PlacementError
-
-    def rollout_without_close(cfg):  # a local function: Ray ships it to the actor by value
-        class NoClose:
-            def encode(self, example):
-                return [1]
-
-            def rollout(self, examples, params, seeds=None):
-                raise NotImplementedError
-
-            def probe_due(self):
-                return None
-
-            def load_weight_bucket(self, named_tensors):
-                pass
-
-            def load_weights(self, named_tensors, version=None, expected_checksum=None, expected_probe=None):
-                pass
-
-        return NoClose()
-
-    monkeypatch.setattr(placement, "_build_rollout", rollout_without_close)
-    with pytest.raises(PlacementError, match=r"ray: the rollout worker has no close \(reasonrl.workers"):
-        placement.build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray"))
-    deadline = time.time() + 10  # the actors were killed: their CPUs come back
-    while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray_session.available_resources().get("CPU", 0) == 4
-
-
-@needs_peft
-def test_lora_in_ray_mode_matches_local_and_checkpoints_through_the_actor(ray_session, tmp_path):
-    """LoRA with the policy in an actor: merged weights go actor to actor (checksum-checked),
-    the adapter and merged folders come back to the trainer's machine; the metrics of 2 steps
-    are those of local mode (rel 1e-6)."""
-    lora = ["model.lora.rank=4", "algo.beta=0.1", "trainer.steps=2"]
-    train(smoke_cfg(tmp_path, "local", *lora))
-    train(smoke_cfg(tmp_path, "ray", *lora, "placement.mode=ray"))
-    assert_metrics_close(metrics(tmp_path / "ray"), metrics(tmp_path / "local"), rel=1e-6)
-    step = tmp_path / "ray" / "checkpoints" / "step_2"
-    assert (step / "adapter" / "adapter_model.safetensors").is_file()
-    assert (step / "huggingface" / "model.safetensors").is_file()
-
-
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["placement.rollout.replicas=3", "placement.policy.ranks=2"],
-     r"ray: the workers ask for 5 CPU in all \(placement.rollout.replicas=3 x "
-     r"placement.rollout.num_cpus=1 \+ placement.policy.ranks=2 x placement.policy.num_cpus=1\); "
-     r"the Ray cluster has 4 CPU and 0 GPU in all"),
-    (["rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2", "placement.rollout.num_gpus=2"],
-     r"ask for 2 GPU in all \(placement.rollout.replicas=1 x placement.rollout.num_gpus=2\); the Ray cluster "
-     r"has 4 CPU and 0 GPU"),
-])
-def test_more_replicas_than_ray_has_stop_before_any_actor_starts(ray_session, tmp_path, overrides, message):
-    from reasonrl.errors import PlacementError
-    from reasonrl.placement import build_workers
-
-    free = ray_session.available_resources().get("CPU", 0)
-    with pytest.raises(PlacementError, match=message):
-        build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray", *overrides))
-    assert ray_session.available_resources().get("CPU", 0) >= free  # nothing was started
-
-
-def test_rollout_replicas_split_merge_sync_and_name_the_one_that_fails(ray_session, tmp_path):
-    """Two rollout replicas behind one proxy: a rollout is split by whole groups and merged in
-    order, with exactly the samples of one local worker from the same RNG state; a streamed
-    sync (several buckets) reaches both and each checks it; a failed check and a dead replica
-    are named."""
-    import ray
-
-    from reasonrl.batch import Example
-    from reasonrl.errors import PlacementError
-    from reasonrl.placement import build_workers, load_model, make_rollout
-    from reasonrl.rollout import SamplingParams
-
-    cfg = smoke_cfg(tmp_path, "r", "placement.mode=ray", "placement.rollout.replicas=2",
-                    "placement.sync_bucket_mb=0.05")
-    workers = build_workers(cfg)
-    try:
-        local = make_rollout(cfg, *load_model(cfg))  # the tiny model from the same seed, here
-        examples = [Example(prompt=f"What is {i} + 1?", ground_truth=str(i + 1)) for i in range(5)]
-        params = SamplingParams(n=2, max_new_tokens=6)
-        torch.manual_seed(4)
-        remote = workers.rollout.rollout(examples, params)
-        torch.manual_seed(4)
-        expected = local.rollout(examples, params)
-        assert remote.completion_ids == expected.completion_ids and remote.texts == expected.texts
-        assert remote.group.tolist() == [g for g in range(5) for _ in range(2)]
-        assert remote.examples == expected.examples and remote.policy_version == 0
-        plan = workers.policy.named_weights()
-        assert len(plan.buckets) > 1  # 0.05 MB buckets: the tiny model's weights in several
-        workers.rollout.load_weights(plan, version=1, expected_checksum=workers.policy.weights_checksum())
-        assert workers.rollout.rollout(examples[:3], params).policy_version == 1  # both replicas (3 prompts)
-        with pytest.raises(WeightSyncError, match=r"rollout replica 0 \(of 2\): weight sync to policy "
-                                                  r"version 2"):
-            workers.rollout.load_weights(workers.policy.named_weights(), version=2, expected_checksum=123.0)
-        ray.kill(workers.actors[1])
-        with pytest.raises(PlacementError, match=r"ray: rollout replica 1 \(of 2\) died during rollout\(\)"):
-            workers.rollout.rollout(examples, params)
-    finally:
-        for actor in workers.actors:
-            ray.kill(actor)
-
-
-@needs_peft
-def test_lora_on_two_ranks_with_two_rollout_replicas_matches_one_process(ray_session, tmp_path):
-    """The issue's configuration: placement.rollout.replicas=2, placement.policy.ranks=2,
-    model.lora.rank=16 (KL to the adapter switched off in the loss), weights streamed in
-    several buckets: 3 steps with the metrics of the local single-process run to rel 1e-4
-    (float32 sums in another order, as for the full model's ranks); the checkpoint holds the
-    adapter and the merged weights, written through rank 0."""
-    from transformers import AutoModelForCausalLM
-
-    lora = ["model.lora.rank=16", "algo.beta=0.1"]
-    train(smoke_cfg(tmp_path, "local", *lora))
-    train(smoke_cfg(tmp_path, "ray", *lora, "placement.mode=ray", "placement.rollout.replicas=2",
-                    "placement.policy.ranks=2", "placement.sync_bucket_mb=0.05"))
-    ray_rows, local_rows = metrics(tmp_path / "ray"), metrics(tmp_path / "local")
-    assert [r["step"] for r in ray_rows] == [0, 1, 2, 3] and ray_rows[-1]["train/kl"] > 0  # 0: eval
-    assert_metrics_close(ray_rows, local_rows, rel=1e-4)
-    step = tmp_path / "ray" / "checkpoints" / "step_3"
-    assert (step / "adapter" / "adapter_model.safetensors").is_file()
-    AutoModelForCausalLM.from_pretrained(step / "huggingface")

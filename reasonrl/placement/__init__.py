@@ -1,0 +1,52 @@
+"""Where the workers live: the only package that decides placement, and the only one that
+imports `ray`. `build_workers(cfg)` returns the workers the trainer calls, wherever they run,
+and the weight sync between them. One module per job:
+
+- `preflight`: what the config asks of this machine (extras, GPUs, the model's context),
+  checked before any model loads;
+- `local`: the factories of every worker, and placement.mode=local (plain objects here);
+- `actors`: placement.mode=ray (the workers inside Ray actors, capacity and start-up checks);
+- `proxies`: the trainer's side of ray mode (the declared worker APIs as remote calls);
+- `sync`: weight sync, `WeightSync.push(version)` over a transport (in-process copy, or
+  buckets streamed from the policy's actors to the rollout replicas).
+"""
+
+from __future__ import annotations
+
+from reasonrl.config import Config
+from reasonrl.placement.actors import build_ray_workers
+from reasonrl.placement.local import (
+    DTYPES,
+    Workers,
+    build_local_workers,
+    critic_lm,
+    load_model,
+    make_critic,
+    make_policy,
+    make_rollout,
+    value_model,
+)
+from reasonrl.placement.preflight import (
+    DEFAULT_POSITIONS,
+    TINY_POSITIONS,
+    check_model_context,
+    model_positions,
+    preflight,
+)
+from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout
+from reasonrl.placement.sync import InProcessCopy, StreamedBuckets, WeightSync
+
+__all__ = ["DEFAULT_POSITIONS", "DTYPES", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
+           "RemotePolicy", "RemoteRollout", "StreamedBuckets", "WeightSync", "Workers", "build_workers",
+           "check_model_context", "critic_lm", "load_model", "make_critic", "make_policy", "make_rollout",
+           "model_positions", "preflight", "value_model"]
+
+
+def build_workers(cfg: Config) -> Workers:
+    """The run's workers, in this process (placement.mode=local) or in Ray actors (ray)."""
+    check_model_context(cfg)  # again: `reasonrl probe`'s --max-new-tokens reaches only this config
+    if cfg.placement.mode == "ray":
+        return build_ray_workers(cfg)
+    if cfg.placement.mode != "local":
+        raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
+    return build_local_workers(cfg)

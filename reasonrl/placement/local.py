@@ -1,0 +1,125 @@
+"""The workers built in this process (placement.mode=local), and the factories every mode
+uses to build one: `load_model`, `make_policy`, `make_critic`, `make_rollout` (a Ray actor
+calls them too, on its own machine).
+
+The policy and rollout workers are plain objects on `placement.device` (auto = the GPU when
+torch sees one); the HF rollout engine shares the policy's model (a weight sync copies
+nothing and is verified by checksum), except with LoRA, where the engine holds a plain copy
+(on the same device) and receives the merged weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from reasonrl.config import Config, resolve_device
+from reasonrl.data import system_prompt_for
+from reasonrl.envs import environment_spec
+from reasonrl.errors import ConfigError
+from reasonrl.placement.sync import InProcessCopy, WeightSync
+from reasonrl.policy.critic import CriticWorker, ValueModel
+from reasonrl.policy.model import load_model_and_tokenizer
+from reasonrl.policy.worker import PolicySettings, PolicyWorker
+from reasonrl.registry import needs_critic
+from reasonrl.rollout import RolloutWorker, make_engine
+from reasonrl.workers import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Workers:
+    """What `build_workers` returns: the workers the trainer calls (plain objects or Ray
+    proxies), the tokenizer, and the weight sync from the policy to the rollout engine(s)."""
+
+    policy: PolicyWorkerAPI
+    rollout: RolloutWorkerAPI
+    tokenizer: object
+    sync: WeightSync
+    critic: CriticWorkerAPI | None = None  # critic estimators (algo.advantage=gae) only
+    actors: list = field(default_factory=list)  # ray mode: the actor handles, for close()
+
+    def close(self) -> None:
+        """Free the workers: engines closed (vLLM's memory and process state), Ray actors
+        stopped. Safe to call twice."""
+        workers = (self.rollout, self.policy, self.critic)
+        self.policy = self.rollout = self.critic = self.sync = None
+        try:
+            for worker in workers:
+                if worker is not None:
+                    worker.close()
+        finally:
+            if self.actors:
+                from reasonrl.placement.proxies import stop_actors
+
+                stop_actors(self.actors)
+                self.actors = []
+
+
+def load_model(cfg: Config, device: str = "cpu"):
+    """(model, tokenizer) of `model.path` in `model.dtype` on `device`."""
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, DTYPES[cfg.model.dtype],
+                                                seed=cfg.trainer.seed, revision=cfg.model.revision)
+    return model.to(device), tokenizer
+
+
+def make_policy(cfg: Config, model, tokenizer) -> PolicyWorker:
+    """The policy worker around `model` (wrapped in a LoRA adapter when `model.lora.rank` > 0)."""
+    lo = cfg.model.lora
+    if lo.rank > 0:
+        from reasonrl.policy.lora import apply_lora
+
+        model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
+    return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))
+
+
+def critic_lm(cfg: Config, policy_model, device: str):
+    """The causal LM the critic starts from: `critic.path`'s, or a copy of the policy's model
+    (before any LoRA wrapping). It must read the policy's token ids: same vocabulary size."""
+    if not cfg.critic.path:
+        return copy.deepcopy(policy_model)
+    lm, _ = load_model_and_tokenizer(cfg.critic.path, DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+    if lm.config.vocab_size != policy_model.config.vocab_size:
+        raise ConfigError(f"critic.path={cfg.critic.path}: its vocabulary ({lm.config.vocab_size} tokens) "
+                          f"is not the policy's ({policy_model.config.vocab_size}); the critic reads the "
+                          "policy's ids")
+    return lm.to(device)
+
+
+def value_model(cfg: Config, lm) -> ValueModel:
+    """`lm` with a zero value head (and the policy's LoRA settings: adapters on the body, the
+    head trained in full)."""
+    lo = cfg.model.lora
+    if lo.rank > 0:
+        from reasonrl.policy.lora import apply_lora
+
+        lm = apply_lora(lm, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed + 1)
+    return ValueModel(lm)
+
+
+def make_critic(cfg: Config, lm, tokenizer) -> CriticWorker:
+    return CriticWorker(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim)
+
+
+def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
+    # hf shares `model`; vllm starts from a copy of its weights
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
+    d = cfg.data
+    return RolloutWorker(engine, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
+                         d.truncate_prompts, env=environment_spec(cfg.env))
+
+
+def build_local_workers(cfg: Config) -> Workers:
+    device = resolve_device(cfg.placement.device)
+    model, tokenizer = load_model(cfg, device)
+    critic = (make_critic(cfg, critic_lm(cfg, model, device), tokenizer) if needs_critic(cfg.algo.advantage)
+              else None)
+    # LoRA wraps the policy's model in place: the engine keeps a plain copy (merged weights)
+    engine_model = copy.deepcopy(model) if cfg.model.lora.rank > 0 else model
+    policy = make_policy(cfg, model, tokenizer)
+    rollout = make_rollout(cfg, engine_model, tokenizer)
+    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, critic=critic,
+                   sync=WeightSync(policy, rollout, InProcessCopy(policy, rollout)))
