@@ -234,8 +234,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
     workers = build_workers(cfg)
     try:
         # The engine must serve exactly the policy's weights: the entropy pass reads the policy.
-        workers.rollout.load_weights(workers.policy.named_weights(), version=0,
-                                     expected_checksum=workers.policy.weights_checksum())
+        workers.sync.push(0)  # checked as the trainer's pushes are (ray mode: actor to actor)
         seed_everything(cfg.trainer.seed)
         load_s = time.perf_counter() - t
         check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
