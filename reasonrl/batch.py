@@ -196,6 +196,9 @@ class TrainBatch:
     # per row, aligned with completion_ids: 1 on model tokens (loss, KL, entropy), 0 on the
     # environment's (context only); None = every completion token is the model's
     token_mask: list[list[int]] | None = None
+    # per row: the reference model's log-probs (the step's reference stage); rows outside
+    # loss_mask may be empty. None: the worker computes them itself when it has a reference
+    ref_logprobs: list[torch.Tensor] | None = None
 
 
 @dataclass

@@ -63,6 +63,17 @@ def timed(times: dict[str, float], stage: str, fn, *args):
     return out
 
 
+def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor,
+                    algo) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """(the reference model's log-probs, the per-token KL for the reward or None): the step's
+    one reference forward. KL in the reward needs every row and the policy's log-probs beside;
+    otherwise only the rows the update trains on, laid out as the update lays them out."""
+    if algo.beta > 0 and algo.kl_in == "reward":
+        ref = policy.reference_logprobs(*ids)
+        return ref, policy.token_kl(*ids, ref)
+    return policy.reference_logprobs(*ids, loss_mask), None
+
+
 def with_epochs(cfg: Config, num_prompts: int) -> Config:
     """`cfg` with trainer.steps = ceil(epochs x num_prompts / prompts per step) when
     trainer.epochs > 0 (as TRL's num_train_epochs counts steps over the prompt dataset); the
@@ -151,9 +162,9 @@ class Trainer:
                                   f"{rollouts.policy_version}, expected {self.step_count}")
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
-        kl = values = None
-        if algo.beta > 0 and algo.kl_in == "reward":
-            kl = timed(times, "reference", self.policy.token_kl, *ids)  # the reference model's forward
+        ref = kl = values = None
+        if algo.beta > 0 or algo.log_kl:  # the reference model's forward, once per step
+            ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo)
         if self.critic is not None:
             values = timed(times, "values", self.critic.values, *ids)  # the critic's forward
         advantages, critic_batch, metrics = timed(times, "advantage", estimate_advantages,
@@ -162,7 +173,7 @@ class Trainer:
             metrics.update(timed(times, "critic", self.critic.train_step, critic_batch))
         if critic_batch is None or self.step_count >= self.cfg.critic.warmup_steps:  # critic warm-up first
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
-                               rollouts.sampler_logprobs, rollouts.token_mask)
+                               rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))
         self.step_count += 1  # the policy is now at version step_count
         timed(times, "sync", self.sync_weights)

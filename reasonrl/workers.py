@@ -24,8 +24,15 @@ class PolicyWorkerAPI(Protocol):
         """The optimizer steps of one training step; `train/` metrics."""
         ...
 
-    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Each completion's per-token KL to the reference model (KL in the reward)."""
+    def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                           rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the reference model (the reference stage);
+        `rows` [N] bool: only those, laid out as the update lays them out (others empty)."""
+        ...
+
+    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 ref_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each completion's per-token KL to the reference log-probs given (KL in the reward)."""
         ...
 
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],

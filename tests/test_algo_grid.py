@@ -127,6 +127,31 @@ def test_kl_estimators_in_reward_or_loss(tmp_path, monkeypatch, estimator, kl_in
         torch.testing.assert_close(advantages, scores.total)
 
 
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_the_reference_model_runs_once_per_step_in_its_stage(tmp_path, monkeypatch, kl_in):
+    """Every forward of the reference model happens inside one `reference_logprobs` call (the
+    reference stage, timed as time/reference); the KL in the reward and the update's KL term
+    both read its log-probs."""
+    trainer = make_trainer(tmp_path, "algo.beta=0.1", f"algo.kl_in={kl_in}", monkeypatch=monkeypatch)
+    policy, forwards, calls = trainer.policy, [0], []
+    policy.ref_model.get_decoder().register_forward_hook(
+        lambda *args: forwards.__setitem__(0, forwards[0] + 1))
+    stage = policy.reference_logprobs
+
+    def spy(*args):
+        before = forwards[0]
+        out = stage(*args)
+        calls.append(forwards[0] - before)
+        return out
+
+    monkeypatch.setattr(policy, "reference_logprobs", spy)
+    for _ in range(2):
+        metrics = step(trainer)[0]
+        assert metrics["time/reference"] > 0
+    assert len(calls) == 2 and calls[0] > 0 and sum(calls) == forwards[0]
+    assert metrics["train/kl"] != 0  # the second step's, read from the stage by the update
+
+
 def test_kl_is_logged_only_with_a_reference_model(tmp_path, monkeypatch):
     metrics = make_trainer(tmp_path / "a", monkeypatch=monkeypatch).step()[0]
     assert "train/kl" not in metrics

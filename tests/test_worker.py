@@ -351,9 +351,36 @@ def test_reference_model_only_when_beta_positive(base_model):
 
 def test_token_kl_is_zero_against_an_identical_reference(base_model):
     worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.05, kl_estimator="k1"))
-    kl = worker.token_kl(PROMPTS, COMPLETIONS)
+    kl = worker.token_kl(PROMPTS, COMPLETIONS, worker.reference_logprobs(PROMPTS, COMPLETIONS))
     assert [len(k) for k in kl] == [len(c) for c in COMPLETIONS]
     assert max(k.abs().max().item() for k in kl) < 1e-6
+
+
+@pytest.mark.parametrize("hyper", [{}, {"ppo_epochs": 2}], ids=["one update", "two updates"])
+def test_the_reference_stage_log_probs_are_what_the_update_computes_and_it_reads_them(base_model, hyper):
+    """KL in the loss with a row left out: the reference stage's log-probs of the trained rows
+    (`rows`, in the update's micro-batches) give the update bitwise the gradient and metrics it
+    gets computing them itself, and the update then never runs the reference model."""
+    keep = torch.tensor([True, False, True, True])
+    settings = dict(micro_batch_size=2, beta=0.1, lr=1e-3, **hyper)
+    alone = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(**settings))
+    staged = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(**settings))
+    for worker in (alone, staged):  # the same reference, differing from the policy
+        with torch.no_grad():
+            for p, q in zip(worker.ref_model.parameters(), base_model.parameters(), strict=True):
+                p.copy_(q + 0.01 * torch.sin(torch.arange(q.numel(), dtype=q.dtype)).view_as(q))
+    ref = staged.reference_logprobs(PROMPTS, COMPLETIONS, keep)
+    assert [len(r) for r in ref] == [3, 0, 5, 2]  # the row left out is not computed
+    forwards = [0, 0]
+    for k, worker in enumerate((alone, staged)):
+        worker.ref_model.get_decoder().register_forward_hook(
+            lambda *args, k=k: forwards.__setitem__(k, forwards[k] + 1))
+    a = alone.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, keep))
+    b = staged.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, keep, ref_logprobs=ref))
+    assert forwards[0] > 0 and forwards[1] == 0
+    assert a == b and a["train/kl"] > 0
+    for p, q in zip(alone.model.parameters(), staged.model.parameters(), strict=True):
+        assert torch.equal(p, q)
 
 
 def test_token_level_advantages_equal_repeated_sequence_advantages(base_model):

@@ -15,8 +15,11 @@ FSDP gathers and reduces inside every forward and backward, so all ranks must ru
 number of them: a rank with fewer micro-batches pads with copies whose loss mask is zero
 (they contribute exactly 0 to the loss and gradient), and ranks use plain micro-batches (one
 forward each; `optim.share_prompt` is not used by them). Log-probs without gradients (the old
-policy and reference for several updates per step, `token_kl`, entropies) are computed
-by every rank for the whole batch: the same forwards everywhere, no coordination needed.
+policy for several updates per step, the reference stage's `reference_logprobs`, `token_kl`,
+entropies) are computed by every rank for the whole batch: the same forwards everywhere, no
+coordination needed. (One process computes the reference in the update's own micro-batches,
+bitwise; a rank's update trains on its slice, so its reference values are those of the
+whole-batch layout, within float32 round-off of its slice's: test_scaling's bounds.)
 
 A LoRA policy is sharded the same way (A and B in the unit of the layer they adapt; only they
 get gradients); its reference is the sharded model with the adapter switched off. Weights

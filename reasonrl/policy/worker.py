@@ -302,16 +302,32 @@ class PolicyWorker:
                        lambda mb: completion_logprobs(self.model, mb, temperature, with_entropy=True)[1])
 
     @torch.no_grad()
-    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Each completion's per-token KL estimate to the reference (`algo.kl_estimator`),
-        one unpadded tensor per row: KL in the reward (summed per sequence, or per token for
-        a critic's token rewards)."""
+    def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                           rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The reference model's token log-probs of each completion, one unpadded CPU tensor per
+        row: the step's reference stage, run once, read by the KL in the reward (`token_kl`) and
+        by the update's KL term (`TrainBatch.ref_logprobs`). `rows` [N] bool: only those rows,
+        in micro-batches of exactly those rows as the update lays them out, so that its KL term
+        is bitwise what it would compute itself; the other rows come back empty."""
         if self.ref_model is None:
-            raise RuntimeError("token_kl needs a reference model (algo.beta > 0 or algo.log_kl)")
+            raise RuntimeError("reference_logprobs needs a reference model (algo.beta > 0 or algo.log_kl)")
+        keep = [i for i in range(len(prompt_ids)) if rows is None or rows[i]]
+        found = self.row_logprobs(self.ref_model, [prompt_ids[i] for i in keep],
+                                  [completion_ids[i] for i in keep])
+        out = [torch.zeros(0)] * len(prompt_ids)
+        for i, logp in zip(keep, found, strict=True):
+            out[i] = logp.cpu()
+        return out
 
+    @torch.no_grad()
+    def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 ref_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each completion's per-token KL estimate (`algo.kl_estimator`) of the policy to the
+        reference log-probs `reference_logprobs` gave, one unpadded tensor per row: KL in the
+        reward (summed per sequence, or per token for a critic's token rewards)."""
         def kl(mb: MicroBatch) -> torch.Tensor:
             logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
-            ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
+            ref = pad_like([ref_logprobs[i] for i in mb.rows], logp)
             return kl_estimate(logp, ref, self.algo.kl_estimator).cpu()
 
         return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device, kl)
@@ -346,8 +362,9 @@ class PolicyWorker:
         old_logp = ref_logp = None
         if rows and o.ppo_epochs * o.mini_batches > 1:
             old_logp = self.row_logprobs(self.model, prompt_ids, completion_ids)
-            if self.ref_model is not None:
-                ref_logp = self.row_logprobs(self.ref_model, prompt_ids, completion_ids)
+        if rows and self.ref_model is not None:  # the reference stage's, else computed here alike
+            ref_logp = ([batch.ref_logprobs[i] for i in rows] if batch.ref_logprobs is not None
+                        else self.reference_logprobs(prompt_ids, completion_ids))
         splits = [s.tolist() for s in torch.arange(len(rows)).tensor_split(o.mini_batches) if len(s)]
         updates = []
         for _ in range(o.ppo_epochs):
@@ -405,13 +422,7 @@ class PolicyWorker:
             logp, entropy = completion_logprobs(self.model, mb, self.settings.temperature, with_entropy=True,
                                                 entropy_grad=self.losses.entropy_coef != 0)
             old = logp.detach() if old_logp is None else pad_like([old_logp[i] for i in mb.rows], logp)
-            ref = None
-            if self.ref_model is not None:
-                if ref_logp is None:
-                    with torch.no_grad():
-                        ref, _ = completion_logprobs(self.ref_model, mb, self.settings.temperature)
-                else:
-                    ref = pad_like([ref_logp[i] for i in mb.rows], logp)
+            ref = None if ref_logp is None else pad_like([ref_logp[i] for i in mb.rows], logp)
             engine = None if engine_logp is None else pad_like([engine_logp[i] for i in mb.rows], old)
             loss, metrics = policy_objective(logp, old, advantages[mb.rows], mb.mask, self.losses, totals,
                                              entropy, ref, engine)
