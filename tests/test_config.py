@@ -554,3 +554,24 @@ def test_new_keys_default_to_todays_behaviour():
     ok = load_config(None, ["reward.weights={correct: 1, format_r1_zero: 0}", "reward.gate=[format_r1_zero]",
                             "reward.combine=all", "eval.n=4", "eval.temperature=0.6", "eval.k=[1, 4]"])
     assert ok.reward.gate == ["format_r1_zero"] and ok.eval.k == [1, 4]
+
+
+def test_every_config_section_has_its_rules_and_engine_rules_come_from_the_engines(monkeypatch):
+    """`rules.RULES` holds one function per section, in the config's order; a rule about the
+    rollout engine reads the engine's ENGINES entry, so a new engine brings its own answers."""
+    from helpers import patch_entry
+
+    from reasonrl.config import RULES
+    from reasonrl.registry import ENGINES
+
+    sections = [f.name for f in dataclasses.fields(Config) if f.name != "tracking"]
+    assert [rules.__name__ for rules in RULES] == [f"{name}_rules" for name in sections]
+    for entry in ENGINES:
+        assert isinstance(entry.info["tensor_parallel"], bool), entry.name
+        assert entry.info["max_model_len"](load_config().rollout)[0] == 0, entry.name  # default: none
+    two = ["rollout.vllm.tensor_parallel_size=2"]
+    with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is vLLM's; rollout.engine=hf runs on one"):
+        load_config(None, two)
+    hf = ENGINES["hf"]  # an engine that spreads over GPUs accepts the size
+    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, "tensor_parallel": True})
+    assert load_config(None, two).rollout.vllm.tensor_parallel_size == 2

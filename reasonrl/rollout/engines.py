@@ -5,7 +5,11 @@ them). `missing`: a function saying why the engine cannot run here (a missing ex
 None. `machine_gpus`: a function of the `rollout` section giving (the GPUs one engine needs
 on a single machine, the key that asks for them), (0, "") for none in particular: placement
 checks them against the machine (local mode) or the Ray cluster's machines, without naming
-an engine. vLLM itself (an optional extra) is imported only when its engine is built.
+an engine. The config's rules ask the entry too (`reasonrl.config.rules`): `tensor_parallel`:
+one engine may spread over several GPUs (rollout.vllm.tensor_parallel_size > 1 is allowed);
+`max_model_len`: a function of the `rollout` section giving (the engine's own limit on prompt +
+completion tokens, the key that sets it), (0, "") for none, checked against the model's context.
+vLLM itself (an optional extra) is imported only when its engine is built.
 """
 
 from __future__ import annotations
@@ -30,13 +34,25 @@ def vllm_machine_gpus(options: RolloutConfig) -> tuple[int, str]:
     return (tp, "rollout.vllm.tensor_parallel_size") if tp > 1 else (0, "")
 
 
-@ENGINES.register("hf", logprobs=False, missing=lambda: None, machine_gpus=no_machine_gpus)
+def no_max_model_len(options: RolloutConfig) -> tuple[int, str]:
+    """The HF engine generates as far as the model's context: no limit of its own."""
+    return 0, ""
+
+
+def vllm_max_model_len(options: RolloutConfig) -> tuple[int, str]:
+    """vLLM's `max_model_len` (0 = the model's own limit)."""
+    return options.vllm.max_model_len, "rollout.vllm.max_model_len"
+
+
+@ENGINES.register("hf", logprobs=False, missing=lambda: None, machine_gpus=no_machine_gpus,
+                  tensor_parallel=False, max_model_len=no_max_model_len)
 def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """transformers: generation with the policy's own model (shared when colocated)"""
     return HFEngine(model, tokenizer, decoder=options.hf_decoder, reuse_kv=options.hf_reuse_kv)
 
 
-@ENGINES.register("vllm", logprobs=True, missing=vllm_missing, machine_gpus=vllm_machine_gpus)
+@ENGINES.register("vllm", logprobs=True, missing=vllm_missing, machine_gpus=vllm_machine_gpus,
+                  tensor_parallel=True, max_model_len=vllm_max_model_len)
 def vllm_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """vLLM in this process, from a copy of the policy's weights"""
     return VLLMEngine(model, tokenizer, options.vllm, threads=threads)

@@ -1,0 +1,227 @@
+"""Loading the config: YAML files (with `include:`) and dotted command-line overrides
+(`trainer.steps=50`) into the schema's dataclasses (`schema.py`), then the rules across keys
+(`rules.py`).
+
+Unknown keys are refused naming the nearest one, and values of the wrong type, outside their
+range or not among the allowed values, naming the key's full path (e.g. `trainer.stepz`) and
+what is allowed, so a typo never surfaces an hour into a run. Every number is finite: a NaN or
+an infinity (YAML `.nan`, `.inf`) is refused in any float key, list item or mapping value,
+with the key's range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from reasonrl.config.rules import validate
+from reasonrl.config.schema import Config
+from reasonrl.errors import ConfigError
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a number (YAML 1.2); PyYAML's YAML 1.1 rules
+    need a dot (`1.0e-5`) and would hand the string "1e-5" to a float key."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _coerce(value: Any, tp: Any, path: str, meta: Any = None) -> Any:
+    """Check `value` against the annotation `tp` and convert int->float; raise ConfigError.
+    A float must be finite; its message states the field's range from `meta` (a list's items
+    are checked with the list's range)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a section (mapping), got {value!r}")
+        return _build(tp, value, path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not allowed; allowed values: "
+                              f"{', '.join(map(str, allowed))}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{path}[{i}]", meta) for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, item_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, path): _coerce(v, item_tp, f"{path}.{k}")
+                for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"{path}: union types are not supported in the config tree")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            bounds = _range_text(meta).removeprefix("must be ") if meta and _has_range(meta) else ""
+            rule = f"must be finite and {bounds}" if bounds else "must be a finite number"
+            raise ConfigError(f"{path}: {rule}, got {float(value)!r}")
+        return float(value)
+    if tp is str:
+        if value is None:
+            return ""
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"{path}: unsupported annotation {tp!r}")
+
+
+def _has_range(meta: Any) -> bool:
+    return any(k in meta for k in ("ge", "gt", "le", "lt"))
+
+
+def _range_text(meta: dict) -> str:
+    """"must be >= 1", "must be in (0, 1]", "must be > 0 (0 = no clipping)" from a field's bounds."""
+    low = ("[", meta["ge"]) if "ge" in meta else ("(", meta["gt"]) if "gt" in meta else None
+    high = (meta["le"], "]") if "le" in meta else (meta["lt"], ")") if "lt" in meta else None
+    if low and high:
+        return f"must be in {low[0]}{low[1]:g}, {high[0]:g}{high[1]}"
+    if "zero" in meta and low == ("[", 0):
+        return f"must be > 0, or 0 for {meta['zero']}"
+    if low:
+        return f"must be {'>=' if low[0] == '[' else '>'} {low[1]:g}"
+    return f"must be {'<=' if high[1] == ']' else '<'} {high[0]:g}"
+
+
+def _check(value: Any, meta: Any, path: str) -> None:
+    """A field's own constraint (`param`): its range, its allowed values or mapping keys."""
+    if not meta:
+        return
+    if isinstance(value, list) and _has_range(meta):  # a list's range holds for each item
+        for i, item in enumerate(value):
+            _check(item, meta, f"{path}[{i}]")
+        return
+    ok = all((("ge" not in meta or value >= meta["ge"]), ("gt" not in meta or value > meta["gt"]),
+              ("le" not in meta or value <= meta["le"]), ("lt" not in meta or value < meta["lt"])))
+    if not ok:
+        raise ConfigError(f"{path}: {_range_text(meta)}, got {value!r}")
+    if "choices" in meta and value not in meta["also"] and value not in meta["choices"]:
+        allowed = (*meta["also"], *meta["choices"].names())
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        listed = ", ".join(a or '""' for a in allowed)
+        raise ConfigError(f"{path}: {value!r} is not allowed{hint}; allowed values: {listed}")
+    if "keys" in meta:
+        allowed = meta["keys"] if isinstance(meta["keys"], tuple) else meta["keys"].names()
+        for key in value:
+            if key not in allowed:
+                raise ConfigError(f"{path}.{key}: unknown {meta['noun']}; allowed: {', '.join(allowed)}")
+
+
+MOVED = {"rollout.eval_max_new_tokens": "eval.max_new_tokens"}  # keys that moved: old -> new
+
+
+def _build(cls: type, data: dict, path: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if full in MOVED:
+            raise ConfigError(f"{full} is now {MOVED[full]} (with the other evaluation settings): "
+                              f"set {MOVED[full]}={value!r}")
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint}; allowed keys"
+                              f"{' in ' + path if path else ''}: {', '.join(fields)}")
+        kwargs[key] = _coerce(value, hints[key], full, fields[key].metadata)
+        _check(kwargs[key], fields[key].metadata, full)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`trainer.steps=50` -> ("trainer.steps", 50); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.load(raw, Loader=_YamlLoader) if raw != "" else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: cannot parse value: {err}") from err
+    return key.strip(), value
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults <- YAML file (which may `include:` a base file) <- dotted overrides."""
+    tree: dict = {}
+    if path is not None:
+        tree = _read_yaml(Path(path))
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    cfg = _build(Config, tree)
+    validate(cfg)
+    return cfg
+
+
+def _read_yaml(path: Path, depth: int = 0) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = tree.pop("include", None)
+    if base is not None:
+        if depth > 8:
+            raise ConfigError(f"{path}: include nesting too deep")
+        tree = _merge(_read_yaml(path.parent / str(base), depth + 1), tree)
+    return tree
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

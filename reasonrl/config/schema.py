@@ -1,0 +1,415 @@
+"""The config's schema: one dataclass per section, each field with its type, its default and,
+where it has one, its own constraint next to it: `param(default, ge=..., choices=REGISTRY, ...)`.
+
+The allowed values of a choice come from its registry (`reasonrl.registry`): the code that
+implements a choice is the one list of them. Reading YAML and overrides into this tree is
+`loader.py`; the rules that involve several keys are `rules.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reasonrl.registry import (
+    ADVANTAGES,
+    COUNTDOWN_SCORING,
+    DATA_FORMATS,
+    DATA_TASKS,
+    ENGINES,
+    ENVIRONMENTS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    PIECEWISE_SCORING,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    REWARD_COMPONENTS,
+    TOOLS,
+    VALUE_LOSSES,
+    VERIFIERS,
+    Registry,
+)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful calculator. Answer with only the final number, "
+    "for example: The answer is 7."
+)
+
+
+def param(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, choices: Registry | None = None, also: tuple[str, ...] = (),
+          keys: Registry | tuple[str, ...] | None = None, noun: str = "key", zero: str | None = None) -> Any:
+    """A config field with its own check: a range (`ge`/`gt`/`le`/`lt`; a list's applies to each
+    item), a value from a registry (`choices`, plus the fixed values `also`), or mapping keys from
+    a registry or a tuple (`keys`; an unknown one is called an unknown `noun`). `zero` says what
+    0 means where it switches the option off ("no clipping"); the range's message says it too."""
+    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, keys=keys, zero=zero).items()
+            if v is not None}
+    meta.update(also=also, noun=noun)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through `peft` (Hu et al. 2021, "LoRA", arXiv:2106.09685): W + (alpha/rank) B A."""
+
+    rank: int = param(0, ge=0)  # 0 = off (full fine-tuning); e.g. 16
+    alpha: float = param(32.0, gt=0)  # scale = alpha / rank
+    dropout: float = param(0.0, ge=0, lt=1)
+    target_modules: list[str] = param([
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    save_merged: bool = True  # checkpoints also hold huggingface/ (merged weights) beside adapter/
+
+
+@dataclass
+class ModelConfig:
+    # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, a folder, or a Hub id org/name
+    path: str = ""
+    revision: str = ""  # Hub ids: a branch, tag or commit ("" = main)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class ArithmeticConfig:
+    min_operand: int = 0
+    max_operand: int = 9
+    operators: list[Literal["+", "-", "*"]] = param(["+"])
+    num_operands: int = param(2, ge=2)
+    train_size: int = param(5000, ge=1)
+    val_size: int = param(100, ge=0)
+
+
+@dataclass
+class CountdownConfig:
+    min_numbers: int = param(3, ge=2, le=6)
+    max_numbers: int = param(4, ge=2, le=6)
+    min_number: int = param(1, ge=1)
+    max_number: int = param(99, ge=1)
+    min_target: int = 1
+    max_target: int = 100
+    train_size: int = param(2000, ge=1)
+    val_size: int = param(100, ge=0)
+
+
+@dataclass
+class PiecewiseConfig:
+    # The toy env trains (and evaluates) on the one MATH problem; variants change its constants.
+    train_variants: int = param(0, ge=0)  # generated variants added to training
+    val_variants: int = param(0, ge=0)  # generated variants (never trained on) added to the held-out set
+
+
+DATA_FIELDS = ("prompt", "messages", "ground_truth", "data_source", "extra_info")
+
+
+@dataclass
+class DataConfig:
+    # file: JSONL / JSON / Parquet / CSV / a `datasets` save_to_disk folder / a Hub dataset id
+    task: str = param("arithmetic", choices=DATA_TASKS)
+    train_path: str = ""  # for task=file: files or Hub ids (openai/gsm8k), comma-separated for several
+    train_subset: str = ""  # Hub ids: the subset (configuration), e.g. main; "" = the default one
+    train_split: str = "train"  # Hub ids: the split; slicing allowed (train[:80%])
+    val_path: str = ""  # for task=file; empty = no held-out eval; comma-separated for several
+    val_subset: str = ""
+    val_split: str = "test"  # e.g. test[:5%]
+    # the records' layout: "" = reasonrl's (prompt, ground_truth, ...); or a known dataset layout
+    # mapped without `data prepare` (gsm8k, math, numina, countdown: reasonrl.data.formats)
+    format: str = param("", choices=DATA_FORMATS, also=("",))
+    # record field names when they differ, dotted for nested: {ground_truth: reward_model.ground_truth}
+    fields: dict[str, str] = param({}, keys=DATA_FIELDS, noun="field")
+    apply_chat_template: bool = True  # false: `prompt` is already templated text
+    # used when the template is applied; "" = none; auto = the task's own: arithmetic's calculator
+    # instruction (DEFAULT_SYSTEM_PROMPT), none for files and the other tasks (their prompts say it)
+    system_prompt: str = "auto"
+    max_prompt_tokens: int = param(256, ge=1)
+    # a prompt over max_prompt_tokens: error = stop at start-up listing every such record (file:line);
+    # left = keep its last max_prompt_tokens tokens (TRL's max_prompt_length truncation)
+    truncate_prompts: Literal["error", "left"] = "error"
+    val_size: int = param(0, ge=0)  # use at most this many held-out examples (0 = all)
+    shuffle: bool = True
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    countdown: CountdownConfig = field(default_factory=CountdownConfig)
+    piecewise: PiecewiseConfig = field(default_factory=PiecewiseConfig)
+
+
+@dataclass
+class VLLMConfig:
+    # rollout.engine=vllm (README, "vLLM rollout engine"); vLLM runs in this process
+    kv_cache_gib: float = param(0.0, ge=0)  # 0 = 1 GiB on CPU, on a GPU what gpu_memory_utilization leaves
+    gpu_memory_utilization: float = param(0.5, gt=0, le=1)  # GPU: share of device memory for vLLM
+    enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds (CPU compile: minutes)
+    max_model_len: int = param(0, ge=0)  # longest prompt + completion; 0 = the model's own limit
+    threads: int = param(0, ge=0)  # CPU threads while generating; 0 = trainer.threads
+    probe_every: int = param(1, ge=0)  # check the probe log-probs every K-th push and at start; 0 = start
+    probe_tol: float = param(0.0, ge=0)  # max |engine - policy| over the probe; 0 = 1e-3 fp32, 0.5 bf16
+    # GPUs each vLLM engine spreads the model over (vLLM's tensor_parallel_size); > 1 needs that many
+    # GPUs per engine: placement.rollout.num_gpus in ray mode, torch.cuda.device_count() in local mode
+    tensor_parallel_size: int = param(1, ge=1)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = param("hf", choices=ENGINES)
+    n: int = param(4, ge=1)  # samples per prompt (the group size G)
+    temperature: float = param(1.0, gt=0)
+    top_p: float = param(1.0, gt=0, le=1)
+    top_k: int = param(0, ge=0)  # 0 = off
+    max_new_tokens: int = param(64, ge=1)
+    # hf engine: the decoder (reasonrl.accel): auto = the fastest measured on this machine for the
+    # run's shapes (cached per CPU model); lean_mkl / lean = the lean Llama-family forward with /
+    # without MKL-packed weights; modules = the transformers modules (any model)
+    hf_decoder: Literal["auto", "lean_mkl", "lean", "modules"] = "auto"
+    # hf engine, multi-turn episodes: a turn prefills only the tokens after the previous turn's
+    # KV cache (kept for the episode), instead of the whole trajectory (lean decoders)
+    hf_reuse_kv: bool = True
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn episodes (docs/environments.md): the model's turns alternate with an
+    environment's observations, all in one trajectory per row that trains on the model's tokens."""
+
+    # the environment (ENVIRONMENTS): tool = the model calls env.tools; feedback = "too high / too low"
+    # until a numeric answer is right; none = single-turn (one model turn per prompt)
+    name: str = param("none", choices=ENVIRONMENTS, also=("none",))
+    fn: str = ""  # a user environment class instead, "module:Class" or "path/file.py:Class"
+    tools: list[str] = param(["calculator"], keys=TOOLS, noun="tool")  # env.name=tool: the tools it offers
+    # env.name=tool, how the model calls: tags = <calculator>347 * 29</calculator> (the turn stops at the
+    # closing tag); tool_call = chat templates' <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    call_format: Literal["tags", "tool_call"] = "tags"
+    # how an observation comes back: tagged = <output>...</output> inside the model's turn; chat = a
+    # message through the chat template (role tool for a tool's output, user for feedback)
+    observation_format: Literal["tagged", "chat"] = "tagged"
+    max_turns: int = param(4, ge=1)  # model turns per episode; an episode still going after them is truncated
+    max_turn_tokens: int = param(0, ge=0)  # model tokens per turn; 0 = rollout.max_new_tokens
+    # model + environment tokens after the prompt (rollout.max_new_tokens counts model tokens); 0 = no limit
+    max_total_tokens: int = param(0, ge=0)
+    max_observation_tokens: int = param(256, ge=1)  # an observation's tokens past this are cut
+    step_timeout: float = param(30.0, gt=0)  # seconds for one environment step (its tool call included)
+    workers: int = param(8, ge=1)  # environment steps that run at once
+    tool_timeout: float = param(10.0, gt=0)  # seconds per tool call (wall clock); then its processes die
+    tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
+    sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
+
+
+@dataclass
+class RewardConfig:
+    # weighted sum of named components (the REWARD_COMPONENTS registry, reasonrl.rewards.components)
+    weights: dict[str, float] = param({"correct": 1.0}, keys=REWARD_COMPONENTS, noun="reward component")
+    fallback_last_number: bool = True  # no \boxed / <answer>: take the last number
+    # which verifier scores `correct`: auto = from each example's data_source (README, "Tasks")
+    task: str = param("auto", choices=VERIFIERS, also=("auto",))
+    fn: str = ""  # custom verifier for `correct`, "module:function" or "file.py:function"
+    isolate_fn: bool = True  # run reward.fn in a worker process, with reward.timeout
+    timeout: float = param(5.0, gt=0)  # seconds per sample for out-of-process verifiers (math, reward.fn)
+    num_workers: int = param(2, ge=1)  # reward worker processes
+    countdown_format_score: float = param(0.1, ge=0, le=1)  # countdown: an equation was given but is wrong
+    # countdown scoring (COUNTDOWN_SCORING): subset = each number at most once, format_score for a
+    # well-formed wrong equation; tinyzero = each number exactly once, format_score for any answer
+    countdown_rule: str = param("subset", choices=COUNTDOWN_SCORING)
+    # piecewise scoring (PIECEWISE_SCORING): partial_credit = reasonrl's checked equations;
+    # transparent_grpo = Transparent GRPO's regex credits (the canonical problem only)
+    piecewise_rule: str = param("partial_credit", choices=PIECEWISE_SCORING)
+    # custom batch reward for `correct`, "module:function": called once per rollout batch with all
+    # completions, ground truths, group indices and extra_infos (README, "Custom rewards")
+    batch_fn: str = ""
+    # how components combine: sum = the weighted sum; all = the weighted sum if every weighted
+    # component scores > 0, else 0. gate: components that must score > 0 for the sum to count
+    combine: Literal["sum", "all"] = "sum"
+    gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component")
+
+
+@dataclass
+class AlgoConfig:
+    # formulas, sources and how the keys combine: docs/algorithms.md
+    advantage: str = param("grpo", choices=ADVANTAGES)
+    std_eps: float = param(1e-4, ge=0)
+    policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # ppo (clipped surrogate) | cispo | gmpo | sapo
+    clip_low: float = param(0.2, ge=0)
+    clip_high: float = param(0.2, ge=0)
+    clip_ratio_c: float = param(0.0, ge=0)  # dual clip for negative advantages (> 1, e.g. 3); 0 = off
+    ratio_level: str = param("token", choices=RATIO_LEVELS)  # sequence = GSPO
+    sapo_tau_pos: float = param(1.0, gt=0)  # policy_loss=sapo: the gate's temperature for A > 0
+    sapo_tau_neg: float = param(1.05, gt=0)  # ... and for A <= 0 (the paper: tau_neg > tau_pos)
+    loss_agg: str = param("token", choices=LOSS_AGGREGATIONS)
+    beta: float = param(0.0, ge=0)  # KL coefficient; the reference model is loaded only when > 0 (or log_kl)
+    kl_estimator: str = param("k3", choices=KL_ESTIMATORS)
+    kl_in: Literal["reward", "loss"] = "loss"
+    log_kl: bool = False  # load the reference model even when beta = 0, to log train/kl
+    entropy_coef: float = 0.0  # loss -= entropy_coef * entropy (aggregated like the loss)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, resample
+    dynamic_sampling_tol: float = param(1e-6, ge=0)  # a group is flat when its reward std <= this
+    max_resample: int = param(3, ge=0)  # extra sampling rounds to refill the batch (dynamic_sampling)
+    overlong_buffer: int = param(0, ge=0)  # DAPO soft overlong penalty over the last N tokens; 0 = off
+    overlong_penalty: float = param(1.0, ge=0)  # the penalty at the full length (max_new_tokens)
+    mask_truncated: bool = False  # completions cut at max_new_tokens get no loss (DAPO)
+    # truncated importance sampling: per-token loss x min(pi_old / pi_engine, tis_cap); 0 = off
+    tis_cap: float = param(0.0, ge=0)  # needs an engine reporting its sampler log-probs (rollout.engine=vllm)
+    # critic estimators (algo.advantage=gae, PPO): discount and GAE lambda over completion tokens
+    gamma: float = param(1.0, ge=0, le=1)
+    lam: float = param(1.0, ge=0, le=1)
+    whiten_advantages: bool = True  # token advantages -> zero mean, unit variance over the batch (gae)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = param(1e-5, ge=0)
+    weight_decay: float = param(0.0, ge=0)
+    betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
+    eps: float = param(1e-8, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_ratio: float = param(0.0, ge=0, lt=1)
+    min_lr_ratio: float = param(0.0, ge=0, le=1)
+    max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
+    micro_batch_size: int = param(8, ge=1)  # sequences per forward/backward; the gradient does not change
+    # run each prompt once per micro-batch for all its completions (a GRPO group shares it):
+    # same log-probs and gradient, fewer tokens through the model
+    share_prompt: bool = True
+    # Llama-family models: RMSNorm and SwiGLU that recompute their pointwise activations in
+    # the backward, attention with native GQA: same gradient, ~40 % less activation memory
+    lean_kernels: bool = True
+    # recompute each decoder layer's activations in the backward (policy and reference): the same
+    # gradient, memory for activations ~ one layer's instead of all layers' (docs/performance.md)
+    gradient_checkpointing: bool = False
+    mini_batches: int = param(1, ge=1)  # optimizer steps per pass over the batch
+    ppo_epochs: int = param(1, ge=1)  # passes over the batch; > 1 (or mini_batches > 1): off-policy updates
+
+
+@dataclass
+class CriticConfig:
+    """The value model of critic estimators (algo.advantage=gae): the policy's architecture with
+    a scalar head (zero-initialised), trained by the clipped value loss (docs/algorithms.md)."""
+
+    path: str = ""  # "" = start from the policy's model (model.path); or another HF model folder
+    lr: float = param(1e-5, gt=0)
+    weight_decay: float = param(0.0, ge=0)
+    max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
+    value_loss: str = param("clipped", choices=VALUE_LOSSES)  # the critic's loss (VALUE_LOSSES)
+    cliprange_value: float = param(0.5, ge=0)  # PPO's value clipping around the old values; 0 = off
+    warmup_steps: int = param(0, ge=0)  # steps that train only the critic before the policy moves
+    micro_batch_size: int = param(0, ge=0)  # 0 = optim.micro_batch_size
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation's own sampling (the trainer's eval and `reasonrl eval`; its options
+    fill these). A record's `extra_info.n` / `extra_info.pass@k` override n and add its k."""
+
+    n: int = param(1, ge=1)  # samples per prompt
+    temperature: float = param(0.0, ge=0)  # 0 = greedy (argmax; needs n = 1)
+    top_p: float = param(1.0, gt=0, le=1)
+    top_k: int = param(0, ge=0)  # 0 = off
+    max_new_tokens: int = param(0, ge=0)  # 0 = rollout.max_new_tokens
+    k: list[int] = param([])  # pass@k values, each <= n; [] = 1 and n
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = param(20, ge=1)
+    # > 0: train this many passes over the training prompts instead (steps = ceil(epochs x prompts /
+    # prompts per step), printed at start-up); trainer.steps is then not used
+    epochs: float = param(0.0, ge=0)
+    batch_size: int = param(32, ge=1)  # completions per optimizer step; a multiple of rollout.n
+    seed: int = 0
+    eval_every: int = param(0, ge=0)  # 0 = only before and after training
+    save_every: int = param(0, ge=0)  # 0 = only at the end
+    log_samples: int = param(4, ge=0)  # completions written to samples.jsonl per step
+    output_dir: str = "runs"
+    run_name: str = ""  # "" = a timestamp
+    threads: int = param(0, ge=0)  # torch intra-op threads; 0 = one per core
+    progress: bool = True
+    # "" = a new run; "auto" = continue output_dir/run_name from its newest checkpoint if it
+    # has one (else start it); a run or checkpoint folder = continue from there
+    resume: str = ""
+    allow_config_change: list[str] = param([])  # keys a resume may change
+    keep_last: int = param(2, ge=0)  # checkpoints kept (oldest deleted first); 0 = all
+    max_bad_steps: int = param(5, ge=1)  # abort after this many steps in a row with a non-finite loss/grad
+
+
+@dataclass
+class WorkerPlacement:
+    """Ray resources of one worker actor (each policy rank is one actor)."""
+
+    num_cpus: float = param(1.0, ge=0)
+    num_gpus: float = param(0.0, ge=0)  # may be fractional: 0.5 + 0.5 share one GPU
+    resources: dict[str, float] = param({})  # custom resources, e.g. {node_a: 1}
+
+
+@dataclass
+class PolicyPlacement(WorkerPlacement):
+    ranks: int = param(1, ge=1)  # data-parallel ranks (torch.distributed + FSDP2); > 1 needs mode=ray
+    # FSDP2 ranks (ranks > 1): true = free each layer's gathered weights after its forward and gather
+    # them again for the backward (ZeRO-3); false = keep them until the backward (ZeRO-2: fewer
+    # all-gathers, a layer's full weights per layer in memory between forward and backward)
+    reshard_after_forward: bool = True
+    # FSDP2 ranks: keep the weight, gradient and AdamW shards in CPU memory, copied to the GPU per
+    # layer for compute (FSDP2's CPUOffloadPolicy; DeepSpeed's offload); the optimizer steps on the CPU
+    cpu_offload: bool = False
+
+
+@dataclass
+class RolloutPlacement(WorkerPlacement):
+    replicas: int = param(1, ge=1)  # rollout actors, each with its own engine and these resources; > 1: ray
+
+
+@dataclass
+class PlacementConfig:
+    # local: workers in this process; ray: each worker is a Ray actor (docs/scaling.md)
+    mode: Literal["local", "ray"] = "local"
+    # local mode: where the policy and the colocated rollout engine live. auto = cuda when
+    # torch sees a GPU, else cpu; or cpu, cuda, cuda:N (ray mode: placement.<worker>.num_gpus)
+    device: str = "auto"
+    # ray: "" = start a Ray instance for this run; "auto" = the cluster of `ray start --head`
+    # on this machine; or host:port / ray://host:10001
+    address: str = ""
+    num_cpus: int = param(0, ge=0)  # CPUs of the Ray instance a run starts itself (0 = all); not for address
+    start_timeout: float = param(180.0, gt=0)  # seconds for a worker actor to be scheduled and built
+    call_timeout: float = param(3600.0, gt=0)  # seconds for one remote call (a step, a sync, an eval chunk)
+    # torch.distributed backend of the policy ranks; auto = nccl when the ranks have GPUs, else gloo
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # ray mode: a weight sync moves the policy's weights to the rollout replicas in buckets of at most
+    # this many MB (a tensor larger than that travels alone): the extra memory of a sync per process
+    sync_bucket_mb: float = param(512.0, gt=0)
+    policy: PolicyPlacement = field(default_factory=PolicyPlacement)
+    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
+    critic: PolicyPlacement = field(default_factory=PolicyPlacement)  # algo.advantage=gae
+
+
+@dataclass
+class WandbConfig:
+    project: str = "reasonrl"
+    entity: str = ""  # "" = your default entity
+    name: str = ""  # "" = the run directory's name
+    group: str = ""
+    tags: list[str] = param([])
+    # offline: no network, files under <run>/wandb/ (upload later with `wandb sync`)
+    mode: Literal["offline", "online", "disabled"] = "offline"
+
+
+@dataclass
+class TrackingConfig:
+    # metrics.jsonl and samples.jsonl are always written; console = the progress bar
+    backends: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = param(["console", "jsonl"])
+    tensorboard_dir: str = ""  # "" = <run>/tensorboard
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    report: bool = True  # write <run>/report.html at the end of training
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
