@@ -1,8 +1,9 @@
 """The single controller. It holds no model: it moves batches between the workers.
 
 One step, top to bottom (`Trainer.step`), each stage one named, timed call:
-    prompts -> rollout (G samples each) -> rewards -> reference KL and critic values (the
-    forwards, when used) -> advantages (pure) -> critic update -> policy update -> sync
+    prompts -> rollout (G samples each) -> rewards -> reference log-probs (and the KL in the
+    reward) and critic values (the forwards, when used) -> advantages (pure) -> critic update
+    -> policy update -> sync
 then metrics, samples, held-out eval and checkpoints (`Trainer.fit`).
 """
 
