@@ -3,10 +3,11 @@
 Builds the run's workers in ray mode (`reasonrl.placement.build_workers`: the policy as
 `--ranks` FSDP2 ranks over gloo, `--replicas` rollout actors with the HF engine) on the
 embedded SmolLM2-135M-Instruct (or `--model`), then performs `--syncs` weight syncs exactly
-as the trainer does (`Trainer.sync_weights`: the policy's weights into every rollout
-replica, each verified by checksum) and prints, per sync and as the median:
+as the trainer does (`Trainer.sync_weights`: `workers.sync.push(version)`, the policy's
+weights streamed into every rollout replica, each verified by checksum) and prints, per sync
+and as the median:
 
-- seconds of the whole sync (`load_weights(named_weights(), expected_checksum=...)`);
+- seconds of the whole sync (`push`: checksum, probe when due, the buckets);
 - for each actor process (every policy rank, every rollout replica): the peak RSS during
   the sync (the kernel's VmHWM, reset before each sync by writing 5 to /proc/PID/clear_refs)
   minus the process's RSS once the workers were built, before any sync, in MiB: the memory
@@ -134,8 +135,7 @@ def main() -> None:
             with LowWater(pids, built) as water:
                 start = water.low
                 t = time.perf_counter()
-                workers.rollout.load_weights(workers.policy.named_weights(), version=k,
-                                             expected_checksum=workers.policy.weights_checksum())
+                workers.sync.push(k)
                 times.append(time.perf_counter() - t)
             machine.append((start - water.low) / 1024)
             for n, p in zip(names, pids, strict=True):
@@ -172,8 +172,10 @@ def _count_model(cfg, AutoConfig):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.policy.model import resolve_model_dir
+    from reasonrl.policy.model import TINY, build_tiny_model, resolve_model_dir
 
+    if cfg.model.path == TINY:  # built, not read from a folder
+        return list(build_tiny_model()[0].parameters())
     config = AutoConfig.from_pretrained(resolve_model_dir(cfg.model.path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
