@@ -590,27 +590,3 @@ def test_the_documented_environment_trains(tmp_path):
                  f"trainer.output_dir={tmp_path}", "trainer.run_name=r"]) == 0
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert "env/turns_mean" in lines[1] and lines[1]["env/step_errors"] == 0
-
-
-def test_gae_runs_over_the_model_tokens_of_an_episode():
-    """PPO on multi-turn rows: the critic's values at environment positions are skipped (the
-    state after a turn's last token is the next turn's first), advantages and returns go back
-    to the completion positions with 0 on environment tokens. gamma = lam = 1, no whitening:
-    A_t = R - V_t on model tokens (hand-computed)."""
-    from reasonrl.advantage import estimate_advantages
-    from reasonrl.batch import StepBatch
-
-    r = Rollouts(prompt_ids=[[1], [1]], completion_ids=[[5, 6, 7, 8], [9, 10]], texts=["a", "b"],
-                 group=torch.tensor([0, 1]), truncated=torch.tensor([False, False]), examples=EXAMPLES,
-                 token_mask=[[1, 0, 0, 1], [1, 1]])
-    scores = Scores(torch.tensor([1.0, 0.0]), {"correct": torch.tensor([1.0, 0.0])})
-    batch = StepBatch(r, scores, scores.total.clone(), torch.tensor([True, True]))
-    cfg = load_config(REPO / "configs" / "smoke.yaml", ["algo.advantage=gae", "rollout.n=1",
-                                                       "algo.whiten_advantages=false"])
-    values = [torch.tensor([0.1, 9.0, 9.0, 0.3]), torch.tensor([0.5, 0.25])]  # the critic's, per token
-    trainable = torch.tensor([True, True])
-    advantages, critic_batch, _ = estimate_advantages(batch, None, values, trainable, cfg.algo)
-    torch.testing.assert_close(advantages, torch.tensor([[0.9, 0.0, 0.0, 0.7], [-0.5, -0.25, 0.0, 0.0]]))
-    torch.testing.assert_close(critic_batch.returns[0], torch.tensor([1.0, 0.0, 0.0, 1.0]))
-    torch.testing.assert_close(critic_batch.returns[1], torch.tensor([0.0, 0.0]))
-    assert critic_batch.token_mask == r.token_mask
