@@ -63,6 +63,20 @@ def test_a_tensor_parallel_size_vllm_cannot_place_stops_at_start_up():
             assert str(info.value).startswith("rollout.engine: ") and "make vllm" in str(info.value)
 
 
+def test_preflight_asks_the_engine_entry_for_the_gpus_one_engine_needs(monkeypatch):
+    """Placement names no engine: the GPUs one engine needs on one machine come from its
+    ENGINES entry (`machine_gpus`), checked against this machine in local mode."""
+    from helpers import patch_entry
+
+    from reasonrl.registry import ENGINES
+
+    hf = ENGINES["hf"]
+    needs = {"machine_gpus": lambda options: (99, "some.key")}
+    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, **needs})
+    with pytest.raises(ConfigError, match=r"^some.key: 99 GPUs per engine, and this machine has \d+$"):
+        preflight(load_config(REPO / "configs" / "smoke.yaml"))
+    preflight(load_config(REPO / "configs" / "smoke.yaml", ["placement.mode=ray"]))  # Ray's: check_capacity
+
 # ---- weight sync ---------------------------------------------------------------------------
 
 

@@ -271,7 +271,8 @@ def check_capacity(cfg: Config, critics: int) -> None:
 
 
 def build_ray_workers(cfg: Config) -> Workers:
-    """Actors for the rollout replicas and the policy ranks (see the module docstring)."""
+    """Actors for the rollout replicas, the policy ranks and the critic's (see the module
+    docstring); the proxies over them, and the streamed weight sync with its plan."""
     p = cfg.placement
     if cfg.model.path not in ("", TINY) and Path(cfg.model.path).exists():  # actors may run elsewhere
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
@@ -320,12 +321,12 @@ def build_ray_workers(cfg: Config) -> Workers:
     encoder = RolloutWorker(None, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
                             d.truncate_prompts)
     handles = [a for _, a, _ in actors]
-    shares = (("rollout", 0, replicas, "replica", p.rollout),
-              ("policy" if world == 1 else f"policy ({world} ranks)", replicas, world, "rank", p.policy),
-              ("critic" if critics == 1 else f"critic ({critics} ranks)", replicas + world, critics, "rank",
-               p.critic))
+    spans = (("rollout", 0, replicas, "replica", p.rollout),
+             ("policy" if world == 1 else f"policy ({world} ranks)", replicas, world, "rank", p.policy),
+             ("critic" if critics == 1 else f"critic ({critics} ranks)", replicas + world, critics, "rank",
+              p.critic))
     groups = [ActorGroup(name, handles[start: start + count], actor_names(name, count, unit),
-                         resources_of(role), p.call_timeout) for name, start, count, unit, role in shares]
+                         resources_of(role), p.call_timeout) for name, start, count, unit, role in spans]
     rollout, policy = RemoteRollout(groups[0], encoder), RemotePolicy(groups[1])
     critic = RemoteCritic(groups[2]) if critics else None
     try:  # what a sync sends never changes: planned once, here (no communication between ranks)
