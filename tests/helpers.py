@@ -13,7 +13,8 @@ import torch
 
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig, load_config
-from reasonrl.policy.worker import PolicySettings, make_micro_batches
+from reasonrl.policy.forward import make_micro_batches
+from reasonrl.policy.worker import PolicySettings
 
 # LoRA needs the `lora` extra (peft; in `dev`, absent from `make test-bare`)
 HAS_PEFT = importlib.util.find_spec("peft") is not None

@@ -27,7 +27,7 @@ from reasonrl.accel.kernels import (
 )
 from reasonrl.accel.lean_decode import LeanLlama, _Matrix, unsupported_reason
 from reasonrl.accel.modules import ModulesDecoder
-from reasonrl.policy.worker import completion_logprobs, make_micro_batches
+from reasonrl.policy.forward import completion_logprobs, make_micro_batches
 from reasonrl.rollout import SamplingParams
 from reasonrl.rollout.hf import HFEngine
 
@@ -480,7 +480,7 @@ def test_config_switches_reach_the_engine_and_the_worker(tiny):
     for value, expected in (("true", ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]), ("false", [])):
         cfg = load_config(None, ["model.path=tiny", f"optim.lean_kernels={value}"])
         worker = PolicyWorker(copy.deepcopy(model), 0, PolicySettings.from_config(cfg))
-        assert worker.accel.kernels == expected
+        assert worker.learner.accel.kernels == expected
 
 
 def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):

@@ -155,7 +155,7 @@ def test_changed_config_is_refused_unless_allowed(tmp_path, reference):
     trainer = Trainer(smoke_cfg(out, name, "optim.lr=1e-3", "trainer.steps=6", "trainer.save_every=5",
                                 "trainer.resume=auto",
                                 "trainer.allow_config_change=[optim.lr, trainer.steps]"))
-    assert trainer.step_count == STEPS and trainer.policy.step == STEPS
+    assert trainer.step_count == STEPS and trainer.policy.learner.step == STEPS
     with pytest.raises(ConfigError, match="holds no complete checkpoint"):
         Trainer(smoke_cfg(tmp_path, "r", f"trainer.resume={tmp_path / 'nothing'}"))
     fresh = Trainer(smoke_cfg(tmp_path, "new", "trainer.resume=auto"))  # nothing to resume: a new run

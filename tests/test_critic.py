@@ -50,13 +50,13 @@ def test_value_loss_is_the_token_mean_of_half_the_squared_error(tiny):
 
 
 def gradients(w: CriticWorker, batch: CriticBatch) -> dict[str, torch.Tensor]:
-    captured, step = {}, w.optimizer.step
+    captured, step = {}, w.learner.optimizer.step
 
     def capture(*args, **kwargs):
         captured.update({n: p.grad.clone() for n, p in w.model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
-    w.optimizer.step = capture
+    w.learner.optimizer.step = capture
     w.train_step(batch)
     return captured
 
@@ -87,7 +87,7 @@ def test_gradient_checkpointing_gives_the_critic_the_same_gradient(tiny):
     batch = CriticBatch(PROMPTS, COMPLETIONS, returns, base.values(PROMPTS, COMPLETIONS))
     expected = gradients(base, batch)
     checkpointed = worker(tiny, share_prompt=False, random_head=True, checkpointing=True)
-    assert not checkpointed.share_prompt
+    assert not checkpointed.learner.share_prompt
     got = gradients(checkpointed, batch)
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[n], expected[n]) for n in got)  # the same operations, recomputed

@@ -98,7 +98,7 @@ def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.policy.worker import completion_logprobs, make_micro_batches
+    from reasonrl.policy.forward import completion_logprobs, make_micro_batches
 
     lora = ["model.lora.rank=4", "model.lora.alpha=8", "algo.beta=0.1", "trainer.steps=2"]
     trainer = Trainer(smoke_cfg(tmp_path, "lora", *lora, "trainer.save_every=1", "trainer.keep_last=0"))
@@ -111,7 +111,7 @@ def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     assert max(p.abs().max().item() for n, p in trained.items() if "lora_B" in n) > 0  # B left zero
     assert all(torch.equal(p, base[n]) for n, p in policy.model.get_base_model().named_parameters()
                if ".lora_" not in n)  # the base is frozen
-    assert len(policy.optimizer.state) == len(trained)  # AdamW state for the adapter only
+    assert len(policy.learner.optimizer.state) == len(trained)  # AdamW state for the adapter only
     assert policy.ref_model.__class__.__name__ == "AdapterDisabled"  # no second copy
     rows = metrics(tmp_path / "lora")
     assert rows[-1]["train/kl"] > 0  # the adapter moved the policy away from the base
@@ -167,21 +167,23 @@ def run_case(worker, model, hyper: dict) -> tuple[list[dict], dict, list[dict]]:
     """(full gradient at each optimizer step, the step's metrics, each update's own metrics)
     of one train_step."""
     from reasonrl.batch import TrainBatch
-    from reasonrl.policy.parallel import _full
+    from reasonrl.policy.shards import full_tensor
 
-    steps, per_update, inner, update = [], [], worker.optimizer.step, worker._update
+    learner = worker.learner
+    steps, per_update, inner, update = [], [], learner.optimizer.step, learner.update
 
     def step(*args, **kwargs):  # the trained parameters' gradients (LoRA: A and B only)
-        steps.append({n.removeprefix("lm."): _full(p.grad).clone() for n, p in model.named_parameters()
+        steps.append({n.removeprefix("lm."): full_tensor(p.grad).clone() for n, p in model.named_parameters()
                       if p.grad is not None})
         return inner(*args, **kwargs)
 
     def recorded_update(*args, **kwargs):
-        per_update.append(update(*args, **kwargs))
-        return per_update[-1]
+        metrics = update(*args, **kwargs)
+        per_update.append({k: m.value for k, m in metrics.items()})
+        return metrics
 
-    worker.optimizer.step = step
-    worker._update = recorded_update
+    learner.optimizer.step = step
+    learner.update = recorded_update
     metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, torch.tensor(ADVANTAGES)))
     return steps, metrics, per_update
 
@@ -305,8 +307,8 @@ def make_worker(rank: int, world: int, hyper: dict):
         worker = parallel.RankPolicyWorker(root, 0, h, rank, world, ref, device=cpu)
         model = root
     if sgd_lr is not None:  # later updates depend on earlier gradients linearly (AdamW's first
-        worker.optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],  # step is
-                                           lr=sgd_lr)  # ~lr * sign(g))
+        worker.learner.optimizer = torch.optim.SGD(  # (AdamW's first step is ~lr * sign(g))
+            [p for p in model.parameters() if p.requires_grad], lr=sgd_lr)
     return worker, model
 
 
@@ -315,7 +317,7 @@ def sync_pieces(worker) -> dict:
     served weights all-gathered (`named_weights`) and the checksum; for LoRA ranks also each
     adapted layer's W + s B A computed in one place from the whole (all-gathered) W, A and B."""
     from reasonrl.policy import lora
-    from reasonrl.policy.parallel import _full
+    from reasonrl.policy.shards import full_tensor
 
     plan = worker.sync_plan(20_000)
     out = {"plan": plan, "buckets": [worker.weight_bucket(names) for names in plan],
@@ -323,7 +325,7 @@ def sync_pieces(worker) -> dict:
     if getattr(worker, "lora", False):
         for name, layer in lora.adapted_layers(worker.model.lm).items():
             base = worker.model.lm.get_base_model().get_parameter(name)
-            w, a, b = (_full(t.detach()) for t in (base, layer.lora_A[lora.ADAPTER].weight,
+            w, a, b = (full_tensor(t.detach()) for t in (base, layer.lora_A[lora.ADAPTER].weight,
                                                    layer.lora_B[lora.ADAPTER].weight))
             out["merged"][lora.served_name(name)] = (w, a, b, layer.scaling[lora.ADAPTER])
     return out

@@ -8,8 +8,9 @@ from helpers import patch_entry, policy_settings
 
 from reasonrl.algo.policy_loss import ppo
 from reasonrl.batch import TrainBatch
+from reasonrl.policy.forward import completion_logprobs, make_micro_batches
 from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyWorker, completion_logprobs, make_micro_batches
+from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import POLICY_LOSSES
 
 PROMPTS = [[1, 5, 9, 11], [1, 7], [1, 5, 9, 11], [3, 4, 5, 6, 7, 8]]
@@ -93,15 +94,15 @@ def run_train_step(model, micro_batch_size, sgd_lr=None, advantages=ADVANTAGES, 
             for p in worker.ref_model.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=gen))
     if sgd_lr is not None:
-        worker.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
+        worker.learner.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
     steps = []
-    inner = worker.optimizer.step
+    inner = worker.learner.optimizer.step
 
     def step(*args, **kwargs):
         steps.append({n: p.grad.clone() for n, p in model.named_parameters()})
         return inner(*args, **kwargs)
 
-    worker.optimizer.step = step
+    worker.learner.optimizer.step = step
     metrics = worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, advantages, loss_mask,
                                            token_mask=token_mask))
     return steps, metrics, worker
@@ -331,7 +332,7 @@ def test_mini_batches_split_the_rows_and_step_each(base_model):
     steps, metrics, worker = run_train_step(base_model, 8, mini_batches=2, ppo_epochs=3)
     assert len(steps) == 6 and metrics["train/updates"] == 6.0
     assert metrics["train/tokens"] == 11 and metrics["train/sequences"] == 4
-    assert worker.scheduler.last_epoch == 1  # the LR schedule counts training steps, not updates
+    assert worker.learner.scheduler.last_epoch == 1  # the LR schedule counts training steps, not updates
 
 
 def test_empty_loss_mask_skips_the_update(base_model):
@@ -405,7 +406,7 @@ def test_update_moves_weights_and_zero_advantage_does_not(base_model):
     assert m["train/grad_norm"] > 0 and m["train/skipped_update"] == 0.0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
     # torch's fused AdamW kernel on plain CPU tensors; the gradients are freed after the step
-    assert worker.optimizer.defaults["fused"] is True
+    assert worker.learner.optimizer.defaults["fused"] is True
     assert all(p.grad is None for p in worker.model.parameters())
 
 
@@ -415,9 +416,10 @@ def test_fused_adam_equals_the_default_adam(base_model):
     for fused in (True, False):
         worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
         if not fused:  # the same optimizer with torch's default (foreach) implementation
-            group = worker.optimizer.param_groups[0]
-            worker.optimizer = torch.optim.AdamW(group["params"], lr=group["lr"], betas=group["betas"],
-                                                 eps=group["eps"], weight_decay=group["weight_decay"])
+            group = worker.learner.optimizer.param_groups[0]
+            worker.learner.optimizer = torch.optim.AdamW(
+                group["params"], lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                weight_decay=group["weight_decay"])
         for _ in range(2):
             worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
         models.append(dict(worker.model.named_parameters()))
@@ -435,7 +437,7 @@ def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypat
     params = [p for p in worker.model.parameters() if p.requires_grad]
 
     def storages(key):
-        return {worker.optimizer.state[p][key].untyped_storage().data_ptr() for p in params}
+        return {worker.learner.optimizer.state[p][key].untyped_storage().data_ptr() for p in params}
 
     assert len(storages("exp_avg")) == 1 and len(storages("exp_avg_sq")) == 1
     seen = []
@@ -449,15 +451,16 @@ def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypat
     worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
     assert len(seen) == 1 and len(seen[0]) == 1
     assert all(p.grad is None for p in params)
-    moments = [worker.optimizer.state[p]["exp_avg"].clone() for p in params]
+    moments = [worker.learner.optimizer.state[p]["exp_avg"].clone() for p in params]
     assert any(m.abs().max() > 0 for m in moments)
 
     other = PolicyWorker(copy.deepcopy(worker.model), 0, policy_settings(lr=1e-3))
     other.load_state_dict(copy.deepcopy(worker.state_dict()))  # as through a checkpoint file
     other_params = [p for p in other.model.parameters() if p.requires_grad]
-    assert len({other.optimizer.state[p]["exp_avg"].untyped_storage().data_ptr() for p in other_params}) == 1
+    moved = other.learner.optimizer.state
+    assert len({moved[p]["exp_avg"].untyped_storage().data_ptr() for p in other_params}) == 1
     for m, p in zip(moments, other_params, strict=True):
-        assert torch.equal(other.optimizer.state[p]["exp_avg"], m)
+        assert torch.equal(other.learner.optimizer.state[p]["exp_avg"], m)
     worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
     other.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
     for a, b in zip(params, other_params, strict=True):

@@ -6,29 +6,29 @@ completion token t, the same positions as the token's log-prob (`completion_hidd
 starts from the policy's weights (or `critic.path`) and a zero head, so its first values are
 0 and its first updates move the head before they move the body much.
 
-The worker mirrors the policy worker: its own AdamW (`critic.lr`), the same micro-batches
-(shared prompts, lean kernels, flat buffers, `optim.gradient_checkpointing`),
-`optim.ppo_epochs` x `optim.mini_batches` updates per step, and a loss normalised by the step's
-token count, so the gradient does not depend on `critic.micro_batch_size` (tested). The loss is
+The worker trains with the policy's `Learner` (`reasonrl.policy.learner`): its own AdamW
+(`critic.lr`), the same micro-batches (shared prompts, lean kernels, flat buffers,
+`optim.gradient_checkpointing`), `optim.ppo_epochs` x `optim.mini_batches` updates per step,
+and a loss normalised by the step's token count, so the gradient does not depend on
+`critic.micro_batch_size` (tested). The loss is
 the chosen value loss (`critic.value_loss`, `reasonrl.algo.value_loss`; the clipped one around
 the values the critic gave before the step), through `reasonrl.algo.objective.value_objective`.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from reasonrl.accel import TrainingAccel, fused_adam_ok
-from reasonrl.algo import Totals, ValueLossSettings, value_objective
+from reasonrl.algo import Metric, Totals, ValueLossSettings, value_objective
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig
-from reasonrl.policy.checkpointing import checkpoint_layers
-from reasonrl.policy.worker import MicroBatch, completion_hidden, make_micro_batches, pad_like, per_row
+from reasonrl.policy.forward import MicroBatch, completion_hidden, pad_like, per_row, pick
+from reasonrl.policy.learner import Learner, copy_weights
 
 WEIGHTS_FILE = "value_model.safetensors"
 
@@ -65,99 +65,57 @@ class ValueModel(nn.Module):
 
 
 class CriticWorker:
-    """Values for a batch, and the value-loss updates of one step (see the module docstring)."""
+    """Values for a batch, and the value-loss updates of one step (see the module docstring):
+    the value model and its `Learner`."""
 
-    def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig):
+    def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
+                 strategy=None):
         self.model, self.pad_id, self.critic, self.optim = model, pad_id, critic, optim
-        self.accel = TrainingAccel(model, kernels=optim.lean_kernels)
-        if optim.gradient_checkpointing:  # after the kernels, as the policy (plain micro-batches)
-            checkpoint_layers(model)
-        self.model.train()
-        self.device = next(model.parameters()).device
-        self.micro_batch_size = critic.micro_batch_size or optim.micro_batch_size
+        self.learner = Learner(model, pad_id, optim, critic.lr, critic.weight_decay, critic.max_grad_norm,
+                               critic.micro_batch_size or optim.micro_batch_size, strategy,
+                               norm_reduce="max")
+        self.device = self.learner.device
         self.losses = ValueLossSettings.of(critic)
-        self.share_prompt = optim.share_prompt and not optim.gradient_checkpointing
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=critic.lr, betas=tuple(optim.betas), eps=optim.eps,
-                                           weight_decay=critic.weight_decay,
-                                           fused=fused_adam_ok(trainable) or None)
-        self.accel.attach(self.optimizer)
-        self.step = 0
-
-    def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                      token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-        return make_micro_batches(prompt_ids, completion_ids, self.micro_batch_size, self.pad_id,
-                                  self.share_prompt, token_masks)
-
-    def train_micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                            token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-        """The micro-batches this process trains on (a data-parallel rank takes its share)."""
-        return self.micro_batches(prompt_ids, completion_ids, token_masks)
 
     @torch.no_grad()
     def values(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each completion's per-token values V(s_t), one unpadded float32 tensor per row."""
-        return per_row(self.micro_batches(prompt_ids, completion_ids), completion_ids, self.device,
+        return per_row(self.learner.micro_batches(prompt_ids, completion_ids), completion_ids, self.device,
                        lambda mb: self.model.completion_values(mb).cpu())
 
     def train_step(self, batch: CriticBatch) -> dict[str, float]:
         """`optim.ppo_epochs` passes over the batch, each in `optim.mini_batches` optimizer
-        steps (contiguous slices, as the policy's), of the clipped value loss; `critic/`
-        metrics (averaged over the updates; the grad norm is the largest)."""
+        steps (contiguous slices, as the policy's: `Learner.train`) of the value loss, each a
+        token mean over exactly its rows' model tokens; `critic/` metrics (averaged over the
+        updates; the grad norm is the largest)."""
         n = len(batch.prompt_ids)
         keep = batch.loss_mask if batch.loss_mask is not None else torch.ones(n, dtype=torch.bool)
         rows = [i for i in range(n) if keep[i]]
-        splits = [s.tolist() for s in torch.arange(len(rows)).tensor_split(self.optim.mini_batches) if len(s)]
-        lr = self.optimizer.param_groups[0]["lr"]
-        updates = []
-        for _ in range(self.optim.ppo_epochs):
-            for idx in splits:
-                chosen = [rows[i] for i in idx]
-                updates.append(self._update([batch.prompt_ids[i] for i in chosen],
-                                            [batch.completion_ids[i] for i in chosen],
-                                            [batch.returns[i] for i in chosen],
-                                            [batch.old_values[i] for i in chosen],
-                                            None if batch.token_mask is None
-                                            else [batch.token_mask[i] for i in chosen]))
-        self.step += 1
+        lr = self.learner.lr
+
+        def update(idx: list[int]) -> dict[str, Metric]:
+            chosen = [rows[i] for i in idx]
+            masks = pick(batch.token_mask, chosen)
+            completions = pick(batch.completion_ids, chosen)
+            tokens = sum(len(c) for c in completions) if masks is None else sum(sum(m) for m in masks)
+            totals = Totals(float(tokens), float(len(chosen)))
+            objective = functools.partial(self.objective, totals, pick(batch.returns, chosen),
+                                          pick(batch.old_values, chosen))
+            return self.learner.update(pick(batch.prompt_ids, chosen), completions, masks, objective)
+
+        found, updates = self.learner.train(len(rows), update)
         metrics = {"critic/vf_loss": 0.0, "critic/grad_norm": 0.0, "critic/skipped_update": 1.0}
-        if updates:
-            metrics.update({f"critic/{k}": sum(u[k] for u in updates) / len(updates) for k in updates[0]})
-            metrics["critic/grad_norm"] = max(u["grad_norm"] for u in updates)
-            metrics["critic/skipped_update"] = max(u["skipped_update"] for u in updates)
-        metrics.update({"critic/lr": lr, "critic/updates": float(len(updates))})
+        metrics.update({f"critic/{k}": v for k, v in found.items()})
+        metrics.update({"critic/lr": lr, "critic/updates": float(updates)})
         return metrics
 
-    def _update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                returns: list[torch.Tensor], old_values: list[torch.Tensor],
-                token_masks: list[list[int]] | None = None) -> dict[str, float]:
-        """One optimizer step on these rows; the loss is the token mean over exactly these rows'
-        model tokens (`token_masks` leave an episode's environment tokens out)."""
-        num_tokens = float(max(sum(len(c) for c in completion_ids) if token_masks is None
-                               else sum(sum(m) for m in token_masks), 1))
-        totals = Totals(num_tokens, float(len(completion_ids)))
-        sums: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        grad_buffer = self.accel.gradients()
-        for mb in self.train_micro_batches(prompt_ids, completion_ids, token_masks):
-            mb = mb.to(self.device)
-            values = self.model.completion_values(mb)
-            target = pad_like([returns[i].to(self.device) for i in mb.rows], values)
-            old = pad_like([old_values[i].to(self.device) for i in mb.rows], values)
-            loss, metrics = value_objective(values, old, target, mb.mask, self.losses, totals)
-            self.accel.before_backward()
-            loss.backward()
-            for name, m in metrics.items():
-                sums[name] = sums.get(name, 0.0) + m.value
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.critic.max_grad_norm if self.critic.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
-        skipped = not math.isfinite(grad_norm) or not math.isfinite(sums["vf_loss"])
-        if not skipped:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        del grad_buffer
-        return {**sums, "grad_norm": grad_norm, "skipped_update": float(skipped)}
+    def objective(self, totals: Totals, returns: list[torch.Tensor], old_values: list[torch.Tensor],
+                  mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Metric]]:
+        """One micro-batch's values and `value_objective` against the rows' returns."""
+        values = self.model.completion_values(mb)
+        target = pad_like([returns[i].to(self.device) for i in mb.rows], values)
+        old = pad_like([old_values[i].to(self.device) for i in mb.rows], values)
+        return value_objective(values, old, target, mb.mask, self.losses, totals)
 
     # ---- checkpoint state ------------------------------------------------------------------
 
@@ -177,30 +135,20 @@ class CriticWorker:
         tensors = {k: v.contiguous().cpu() for k, v in self.named_weights()}
         save_file(tensors, str(Path(folder) / WEIGHTS_FILE))
 
-    @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """The tensors `save` wrote (`read_weights`); a tied tensor comes through its first name."""
-        params = self.model.state_dict(keep_vars=True)
-        unknown = set(tensors) - set(params)
-        absent = {n for n in set(params) - set(tensors)
-                  if params[n].data_ptr() not in {params[k].data_ptr() for k in tensors if k in params}}
-        if unknown or absent:
-            raise KeyError(f"critic weights do not match the value model: missing {sorted(absent)[:5]}, "
-                           f"unexpected {sorted(unknown)[:5]}")
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
+        copy_weights(self.model, tensors, "critic weights")
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "step": self.step}
+        return self.learner.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.accel.state_loaded(self.optimizer)
-        self.step = state["step"]
+        self.learner.load_state_dict(state)
 
     def close(self) -> None:
-        """Nothing to free beyond the object's own memory (a data-parallel rank leaves its
-        process group)."""
+        """Nothing to free beyond the object's own memory (data-parallel ranks leave their
+        process group: the strategy's `close`)."""
+        self.learner.close()
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

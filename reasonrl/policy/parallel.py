@@ -34,7 +34,6 @@ The rank processes themselves are started by `reasonrl.placement` (Ray actors).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,20 +42,16 @@ import torch.distributed as dist
 from torch import nn
 
 from reasonrl.accel import release_free_memory
+from reasonrl.algo import Metric
 from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy import lora
 from reasonrl.policy.critic import CriticWorker, ValueModel
-from reasonrl.policy.worker import (
-    MicroBatch,
-    PolicySettings,
-    PolicyWorker,
-    completion_logprobs,
-    make_micro_batches,
-)
-from reasonrl.weights import combine_sums, plan_buckets, sample_stride
+from reasonrl.policy.forward import MicroBatch, completion_logprobs, make_micro_batches
+from reasonrl.policy.shards import full_tensor, gather_rows, local_rows, sample_sum
+from reasonrl.policy.worker import PolicySettings, PolicyWorker
+from reasonrl.weights import combine_sums, plan_buckets
 
 ROOT_PREFIX = "lm."  # ShardRoot's name for the HF model
-MAX_KEYS = ("grad_norm", "skipped_update")  # the same on every rank (or any rank decides): max
 
 
 class ShardRoot(nn.Module):
@@ -156,160 +151,89 @@ def shard_value_model(model: ValueModel, device: torch.device,
     return model
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+class DataParallel:
+    """The learner's strategy on one of N data-parallel ranks (`reasonrl.policy.learner.Local`
+    is the one-process one). Each rank trains on its contiguous slice of every mini-batch,
+    padded with zero-mask micro-batches to the largest count on any rank (FSDP runs the same
+    collectives everywhere), and an update's metrics are combined over the ranks by their
+    reductions: shares added, extremes by max / min, per-update values (grad norm, skip) by
+    max. The optimizer state of a checkpoint is the full one, by parameter name. Every method
+    is collective: all ranks call it, in the same order (the placement's group does)."""
 
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    plain = True  # one forward per micro-batch: no shared prompt
 
-
-def _local(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(this rank's rows of `tensor`, the index of its first row): FSDP2 shards dim 0 as
-    `torch.chunk` does (ceil(rows / N) rows per rank, the last ranks fewer or none); a plain
-    tensor is all rows."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    if not isinstance(tensor, DTensor):
-        return tensor, 0
-    if tuple(tensor.placements) != (Shard(0),):
-        raise ValueError(f"expected a tensor sharded on dim 0, got placements {tensor.placements}")
-    local = tensor.to_local()
-    chunk = -(-tensor.shape[0] // dist.get_world_size())
-    start = min(dist.get_rank() * chunk, tensor.shape[0])
-    if local.shape[0] != min(chunk, tensor.shape[0] - start):
-        raise ValueError(f"a shard of {tuple(local.shape)} rows at row {start} of {tuple(tensor.shape)}: "
-                         "not torch.chunk's split")
-    return local, start
-
-
-def _gather_rows(local: torch.Tensor, rows: int, device: torch.device,
-                 everywhere: bool) -> torch.Tensor | None:
-    """The full tensor of `rows` rows from every rank's `local` rows (`_local`), through
-    `device` (NCCL reduces only GPU tensors): on every rank (`everywhere`), or on rank 0 alone
-    (the others send their rows and get None). At most one full tensor is allocated, there."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    chunk = -(-rows // world)
-    padded = local.to(device)
-    if padded.shape[0] != chunk:  # collectives move equal pieces
-        padded = torch.cat([padded, padded.new_zeros((chunk - padded.shape[0], *padded.shape[1:]))])
-    full = torch.empty((chunk * world, *padded.shape[1:]), dtype=padded.dtype, device=device) \
-        if everywhere or rank == 0 else None
-    if everywhere:
-        dist.all_gather(list(full.chunk(world)), padded)
-    elif rank == 0:  # each rank's rows straight into their place (a gather would stage them in a copy)
-        pieces = full.chunk(world)
-        pieces[0].copy_(padded)
-        for src in range(1, world):
-            dist.recv(pieces[src], src=src)
-    else:
-        dist.send(padded.contiguous(), dst=0)
-    return None if full is None else full[:rows]
-
-
-def _sample_sum(local: torch.Tensor, start_row: int, shape: torch.Size) -> float:
-    """The float64 sum of the elements of `local` (rows from `start_row` of a tensor of `shape`)
-    that `reasonrl.weights.weights_checksum` samples from the full tensor: summed over the
-    ranks, the full tensor's sample sum (in another order: float64 round-off, ~1e-16 of the
-    sum of magnitudes, far inside `checksums_match`'s 1e-12)."""
-    row = math.prod(shape[1:])
-    stride = sample_stride(math.prod(shape))
-    first = (-start_row * row) % stride
-    return local.reshape(-1)[first::stride].to("cpu", torch.float64).sum().item()
-
-
-class DataParallelRank:
-    """What makes a worker (policy or critic) one of N data-parallel ranks: each trains on its
-    contiguous slice of every mini-batch, padded with zero-mask micro-batches to the largest
-    count on any rank (FSDP runs the same collectives everywhere), and the update's metrics are
-    combined over the ranks: sums of shares (the normalisers are global), max of `*_max` and of
-    `MAX_KEYS`, min of `*_min`. Its public methods are collective: every rank must call them in
-    the same order (the placement's group does)."""
-
-    rank: int
-    world: int
-    _my_tokens: int = 0
-    ROLE = "policy"  # placement.<ROLE>.ranks, in the messages
-
-    def _join(self, rank: int, world: int, device: torch.device | None) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device | None = None, role: str = "policy"):
         self.rank, self.world = rank, world
-        if device is not None:  # the compute device (with cpu_offload the shards live on the CPU)
-            self.device = device
+        self.device = device  # the compute device (with cpu_offload the shards live on the CPU)
+        self.role = role  # placement.<role>.ranks, in the messages
 
-    def _optimizer_state(self) -> dict:
+    def micro_batches(self, make, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                      token_masks: list[list[int]] | None) -> list[MicroBatch]:
+        mine = torch.arange(len(prompt_ids)).tensor_split(self.world)[self.rank].tolist()
+        batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in make(
+            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine],
+            None if token_masks is None else [token_masks[i] for i in mine])]
+        count = torch.tensor([len(batches)], device=self.device)  # NCCL reduces only GPU tensors
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        if len(batches) < count.item():
+            idle = make(prompt_ids[:1], completion_ids[:1], None)[0]
+            idle = dataclasses.replace(idle, mask=torch.zeros_like(idle.mask))
+            batches += [idle] * (int(count.item()) - len(batches))
+        return batches
+
+    def combine(self, metrics: dict[str, Metric]) -> dict[str, Metric]:
+        """Each metric over the ranks: a rank without a token holds -inf / +inf extremes, which
+        the others' values replace."""
+        out = dict(metrics)
+        for op, kinds in ((dist.ReduceOp.SUM, ("sum",)), (dist.ReduceOp.MAX, ("max", "mean")),
+                          (dist.ReduceOp.MIN, ("min",))):
+            names = sorted(k for k, m in metrics.items() if m.reduce in kinds)
+            if names:
+                values = torch.tensor([metrics[k].value for k in names], dtype=torch.float64,
+                                      device=self.device)
+                dist.all_reduce(values, op=op)
+                out.update({k: dataclasses.replace(metrics[k], value=v)
+                            for k, v in zip(names, values.tolist(), strict=True)})
+        return out
+
+    def optimizer_state(self, model, optimizer: torch.optim.Optimizer) -> dict:
         """The full (unsharded) optimizer state by parameter name, on the CPU of every rank
-        (cpu_offload keeps it on rank 0 only)."""
+        (cpu_offload keeps it on rank 0 only), and the number of ranks that wrote it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True))
-        return torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
+        optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+        optim = torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optim)
+        return {"optimizer": optim, "ranks": self.world}
 
-    def _load_optimizer_state(self, state: dict) -> None:
+    def load_optimizer_state(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if state.get("ranks") is None:
-            raise ValueError(f"this checkpoint's {self.ROLE} state was written by one process; resume it "
-                             f"with placement.{self.ROLE}.ranks=1")
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+            raise ValueError(f"this checkpoint's {self.role} state was written by one process; resume it "
+                             f"with placement.{self.role}.ranks=1")
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
-        for param_state in self.optimizer.state.values():  # the loader may share one `step`
+        for param_state in optimizer.state.values():  # the loader may share one `step`
             if isinstance(param_state.get("step"), torch.Tensor):  # tensor among all parameters:
                 param_state["step"] = param_state["step"].clone()  # AdamW adds 1 to each
-        self.step = state["step"]
 
     def close(self) -> None:
         """Leave the process group (collective: every rank calls it)."""
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def train_micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                            token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-        mine = torch.arange(len(prompt_ids)).tensor_split(self.world)[self.rank].tolist()
-        self._my_tokens = sum(len(completion_ids[i]) if token_masks is None else sum(token_masks[i])
-                              for i in mine)
-        batches = [dataclasses.replace(mb, rows=[mine[r] for r in mb.rows]) for mb in self.micro_batches(
-            [prompt_ids[i] for i in mine], [completion_ids[i] for i in mine],
-            None if token_masks is None else [token_masks[i] for i in mine])]
-        count = torch.tensor([len(batches)], device=self.device)  # NCCL reduces only GPU tensors
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        if len(batches) < count.item():
-            idle = make_micro_batches(prompt_ids[:1], completion_ids[:1], 1, self.pad_id, False)[0]
-            idle = dataclasses.replace(idle, mask=torch.zeros_like(idle.mask))
-            batches += [idle] * (int(count.item()) - len(batches))
-        return batches
 
-    def _update(self, *args, **kwargs) -> dict[str, float]:
-        out = super()._update(*args, **kwargs)
-        keys = sorted(out)
-        if self._my_tokens == 0:  # no token here: this rank's extremes are placeholders
-            out = {k: (-math.inf if k.endswith("_max") else math.inf if k.endswith("_min") else v)
-                   for k, v in out.items()}
-        ops = {"sum": [k for k in keys if not k.endswith(("_max", "_min")) and k not in MAX_KEYS],
-               "max": [k for k in keys if k.endswith("_max") or k in MAX_KEYS],
-               "min": [k for k in keys if k.endswith("_min")]}
-        reduce_ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-        for op, names in ops.items():
-            if names:
-                values = torch.tensor([out[k] for k in names], dtype=torch.float64, device=self.device)
-                dist.all_reduce(values, op=reduce_ops[op])
-                out.update(zip(names, values.tolist(), strict=True))
-        for k in ("ratio_max", "ratio_min"):
-            if k in out and not math.isfinite(out[k]):
-                out[k] = 1.0
-        return out
-
-
-class RankPolicyWorker(DataParallelRank, PolicyWorker):
-    """One data-parallel rank of the policy (see `DataParallelRank`); results are the same on
-    every rank except where noted (rank 0 writes files)."""
+class RankPolicyWorker(PolicyWorker):
+    """One data-parallel rank of the policy: the policy worker with the `DataParallel` strategy
+    (plain micro-batches: a shared prompt skips the completion forward when all completions
+    are one token long, and FSDP needs the same calls on every rank), and the served weights
+    read from the shards. Results are the same on every rank except where noted (rank 0
+    writes files)."""
 
     def __init__(self, model: ShardRoot, pad_id: int, settings: PolicySettings, rank: int, world: int,
                  ref_model=None, device: torch.device | None = None):
-        # Plain micro-batches: one forward each. A shared prompt skips the completion forward
-        # when all completions are one token long, and FSDP needs the same calls on every rank.
-        plain = dataclasses.replace(settings.optim, share_prompt=False)
-        settings = dataclasses.replace(settings, optim=plain)
-        super().__init__(model, pad_id, settings, ref_model=ref_model)
-        self._join(rank, world, device)
+        super().__init__(model, pad_id, settings, ref_model, DataParallel(rank, world, device))
+        self.rank, self.world = rank, world
         self.lora = lora.is_lora(model.lm)
 
     # ---- weights -----------------------------------------------------------------------
@@ -335,7 +259,7 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
             for name, param in self.model.named_parameters():
                 name = name.removeprefix(ROOT_PREFIX)
                 if names is None or name in names:
-                    local, start = _local(param.detach())
+                    local, start = local_rows(param.detach())
                     yield name, local, start, param.shape
             return
         peft_model = self.model.lm
@@ -344,7 +268,7 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
             served = lora.served_name(name)
             if ".lora_" in name or names is not None and served not in names:
                 continue
-            local, start = _local(param.detach())
+            local, start = local_rows(param.detach())
             if name in adapted:
                 local = self._merged_rows(adapted[name], local, start)
             yield served, local, start, param.shape
@@ -357,8 +281,8 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
         if getattr(layer, "fan_in_fan_out", False):
             raise ValueError(f"LoRA on data-parallel ranks: {type(layer).__name__} stores W transposed "
                              "(fan_in_fan_out); use placement.policy.ranks=1 for this model")
-        a = _gather_rows(*self._rows_of(layer.lora_A[lora.ADAPTER].weight), self.device, everywhere=True)
-        b_rows, b_start = _local(layer.lora_B[lora.ADAPTER].weight.detach())
+        a = gather_rows(*self._rows_of(layer.lora_A[lora.ADAPTER].weight), self.device, everywhere=True)
+        b_rows, b_start = local_rows(layer.lora_B[lora.ADAPTER].weight.detach())
         if (b_start, b_rows.shape[0]) != (start, w_rows.shape[0]):
             raise ValueError("LoRA on data-parallel ranks: B is not sharded like W")
         delta = (b_rows.to(self.device) @ a) * layer.scaling[lora.ADAPTER]
@@ -366,22 +290,22 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
 
     @staticmethod
     def _rows_of(param: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(this rank's rows of `param`, its number of rows): `_gather_rows`'s first two arguments."""
-        return _local(param.detach())[0], param.shape[0]
+        """(this rank's rows of `param`, its number of rows): `gather_rows`'s first two arguments."""
+        return local_rows(param.detach())[0], param.shape[0]
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served weights by HF name, whole on every rank (all-gathered one at a time),
         on the CPU. A weight sync uses `sync_plan` / `weight_bucket` instead (rank 0 alone)."""
         for name, local, _, shape in self._served():
-            yield name, _gather_rows(local, shape[0], self.device, everywhere=True).reshape(shape).cpu()
+            yield name, gather_rows(local, shape[0], self.device, everywhere=True).reshape(shape).cpu()
 
     def weights_checksum(self) -> float:
         """`weights_checksum` of the served weights without gathering them: each rank sums the
-        sampled elements in its rows (`_sample_sum`), the sums are added over the ranks."""
+        sampled elements in its rows (`sample_sum`), the sums are added over the ranks."""
         names, parts = [], []
         for name, local, start, shape in self._served():
             names.append(name)
-            parts.append(_sample_sum(local, start, shape))
+            parts.append(sample_sum(local, start, shape))
         sums = torch.tensor(parts, dtype=torch.float64, device=self.device)
         dist.all_reduce(sums)
         return combine_sums(dict(zip(names, sums.tolist(), strict=True)))
@@ -405,7 +329,7 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
         release_free_memory()  # the previous bucket's buffers (sent by now) back to the system, not kept
         out = {}
         for name, local, _, shape in self._served(set(names)):
-            full = _gather_rows(local, shape[0], self.device, everywhere=False)
+            full = gather_rows(local, shape[0], self.device, everywhere=False)
             if full is not None:
                 out[name] = full.reshape(shape).cpu()
         if self.rank != 0:
@@ -454,7 +378,7 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
             return False
         state = {}
         for name, param in self._adapter_params():
-            full = _gather_rows(*self._rows_of(param), self.device, everywhere=False)
+            full = gather_rows(*self._rows_of(param), self.device, everywhere=False)
             if full is not None:
                 state[name] = full.reshape(param.shape).cpu()
         if self.rank == 0:
@@ -480,33 +404,24 @@ class RankPolicyWorker(DataParallelRank, PolicyWorker):
             raise KeyError(f"checkpoint weights do not match the model: missing {sorted(missing)[:5]}, "
                            f"unexpected {sorted(unexpected - tied)[:5]}")
         for name, param in params.items():
-            local, start = _local(param.detach())
+            local, start = local_rows(param.detach())
             local.copy_(tensors[name][start: start + local.shape[0]].to(local.device, local.dtype))
 
-    def state_dict(self) -> dict:
-        """The full (unsharded) optimizer state by parameter name, scheduler and step."""
-        return {"optimizer": self._optimizer_state(), "scheduler": self.scheduler.state_dict(),
-                "step": self.step, "ranks": self.world}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_optimizer_state(state)
-        self.scheduler.load_state_dict(state["scheduler"])
 
 
-class RankCriticWorker(DataParallelRank, CriticWorker):
-    """One data-parallel rank of the critic (see `DataParallelRank`): plain micro-batches, the
-    full weights and optimizer state gathered for checkpoints (rank 0 writes)."""
-
-    ROLE = "critic"
+class RankCriticWorker(CriticWorker):
+    """One data-parallel rank of the critic: the critic worker with the `DataParallel`
+    strategy (plain micro-batches, the full optimizer state for checkpoints), the full
+    weights gathered for checkpoints (rank 0 writes)."""
 
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
                  rank: int, world: int, device: torch.device | None = None):
-        super().__init__(model, pad_id, critic, dataclasses.replace(optim, share_prompt=False))
-        self._join(rank, world, device)
+        super().__init__(model, pad_id, critic, optim, DataParallel(rank, world, device, role="critic"))
+        self.rank, self.world = rank, world
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.model.named_parameters():
-            yield name, _full(param.detach()).cpu()
+            yield name, full_tensor(param.detach()).cpu()
 
     def save(self, folder) -> None:
         weights = dict(self.named_weights())
@@ -532,9 +447,3 @@ class RankCriticWorker(DataParallelRank, CriticWorker):
             if isinstance(param, DTensor):
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.copy_(full)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self._optimizer_state(), "step": self.step, "ranks": self.world}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_optimizer_state(state)

@@ -1,0 +1,202 @@
+"""One learner for the policy and the critic: the optimizer side of a worker, written once.
+
+A `Learner` holds the model being trained, its AdamW (and LR schedule), the CPU fast paths
+around it (`reasonrl.accel.TrainingAccel`, gradient checkpointing) and the micro-batch layout.
+`train` runs one training step's updates, `optim.ppo_epochs` passes over the rows, each split
+into `optim.mini_batches` contiguous slices, one optimizer step per slice; `update` is one
+optimizer step: per micro-batch forward -> objective -> backward (the worker's `objective`,
+from `reasonrl.algo.objective`), then clip, the skip rule (a non-finite loss or gradient norm
+skips the step) and the step. The metrics are `reasonrl.algo.Metric`s, which say how they
+combine over micro-batches, processes and updates.
+
+Data parallelism is an object the learner is given, not a subclass (OpenRLHF's strategy
+object): `Local` here (one process), `reasonrl.policy.parallel.DataParallel` for FSDP2 ranks.
+A strategy says which micro-batches this process trains on, how metrics combine over the
+processes, and how the optimizer state is written to and read from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from reasonrl.accel import TrainingAccel, fused_adam_ok
+from reasonrl.algo import Metric
+from reasonrl.config import OptimConfig
+from reasonrl.policy.checkpointing import checkpoint_layers
+from reasonrl.policy.forward import MicroBatch, make_micro_batches
+
+Objective = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Metric]]]
+MakeMicroBatches = Callable[[list[list[int]], list[list[int]], list[list[int]] | None],
+                            list[MicroBatch]]
+
+
+class Local:
+    """One process: it trains on every micro-batch, its metrics are the step's, and the
+    optimizer state is torch's own."""
+
+    plain = False  # micro-batches may share a prompt's forward among their rows
+    device: torch.device | None = None  # the compute device: where the weights are
+
+    def micro_batches(self, make: MakeMicroBatches, prompt_ids: list[list[int]],
+                      completion_ids: list[list[int]],
+                      token_masks: list[list[int]] | None) -> list[MicroBatch]:
+        """The micro-batches this process trains on: here all of `make`'s."""
+        return make(prompt_ids, completion_ids, token_masks)
+
+    def combine(self, metrics: dict[str, Metric]) -> dict[str, Metric]:
+        return metrics
+
+    def optimizer_state(self, model, optimizer: torch.optim.Optimizer) -> dict:
+        return {"optimizer": optimizer.state_dict()}
+
+    def load_optimizer_state(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        """Nothing to leave."""
+
+
+def merge(into: dict[str, Metric], metrics: dict[str, Metric]) -> None:
+    """Add one micro-batch's metrics to the update's, each by its reduction."""
+    for name, m in metrics.items():
+        old = into.get(name)
+        if old is not None:
+            m = Metric({"sum": old.value + m.value, "max": max(old.value, m.value),
+                        "min": min(old.value, m.value)}[m.reduce], m.reduce, m.empty)
+        into[name] = m
+
+
+def summarise(updates: list[dict[str, Metric]]) -> dict[str, float]:
+    """The step's value of each metric from its updates': the mean of shares and per-update
+    values, the extreme of extremes."""
+    out = {}
+    for name, first in updates[0].items() if updates else ():
+        values = [u[name].value for u in updates]
+        out[name] = (max(values) if first.reduce == "max" else min(values) if first.reduce == "min"
+                     else sum(values) / len(values))
+    return out
+
+
+class Learner:
+    """The optimizer side of a worker (see the module docstring). `lr`, `weight_decay`,
+    `max_grad_norm` and `micro_batch_size` are the role's own (the critic has its keys);
+    `schedule(step) -> LR factor`, if any, advances once per training step; `norm_reduce`
+    is how the updates' grad norms and skips make the step's (the policy logs their mean,
+    the critic the largest)."""
+
+    def __init__(self, model, pad_id: int, optim: OptimConfig, lr: float, weight_decay: float,
+                 max_grad_norm: float, micro_batch_size: int, strategy=None,
+                 schedule: Callable[[int], float] | None = None, norm_reduce: str = "mean"):
+        self.model, self.pad_id, self.strategy = model, pad_id, strategy or Local()
+        self.accel = TrainingAccel(model, kernels=optim.lean_kernels)
+        if optim.gradient_checkpointing:  # after the kernels: the recompute runs them too
+            checkpoint_layers(model)
+        model.train()
+        self.device = self.strategy.device or next(model.parameters()).device
+        self.micro_batch_size = micro_batch_size
+        self.epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
+        # a recomputed layer would write a shared prompt's KV cache twice, and data-parallel
+        # ranks run one forward per micro-batch (FSDP needs the same calls on every rank)
+        self.share_prompt = (optim.share_prompt and not optim.gradient_checkpointing
+                             and not self.strategy.plain)
+        self.max_grad_norm, self.norm_reduce = max_grad_norm, norm_reduce
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(optim.betas), eps=optim.eps,
+                                           weight_decay=weight_decay,
+                                           fused=fused_adam_ok(trainable) or None)
+        self.accel.attach(self.optimizer)  # gradients and AdamW moments in single buffers
+        self.scheduler = (None if schedule is None
+                          else torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule))
+        self.step = 0
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                      token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
+        """All of these rows' micro-batches (`reasonrl.policy.forward.make_micro_batches`)."""
+        return make_micro_batches(prompt_ids, completion_ids, self.micro_batch_size, self.pad_id,
+                                  self.share_prompt, token_masks)
+
+    def train(self, rows: int,
+              update: Callable[[list[int]], dict[str, Metric]]) -> tuple[dict[str, float], int]:
+        """(the step's metrics, its number of updates): `update(slice)` for each of the
+        `mini_batches` contiguous slices of `rows`, the same in each of the `ppo_epochs`
+        passes; then the LR schedule and the step count advance once, updated or skipped."""
+        splits = [s.tolist() for s in torch.arange(rows).tensor_split(self.mini_batches) if len(s)]
+        updates = [update(idx) for _ in range(self.epochs) for idx in splits]
+        if self.scheduler is not None:
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
+        self.step += 1
+        return summarise(updates), len(updates)
+
+    def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+               token_masks: list[list[int]] | None, objective: Objective) -> dict[str, Metric]:
+        """One optimizer step on these rows (this process's micro-batches of them): forward ->
+        `objective(micro_batch)` -> backward each, then clip to `max_grad_norm` and step, unless
+        the loss or the gradient norm is not finite (the step is skipped, the gradients dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        grad_buffer = self.accel.gradients()
+        metrics: dict[str, Metric] = {}
+        total = 0.0
+        for mb in self.strategy.micro_batches(self.micro_batches, prompt_ids, completion_ids, token_masks):
+            loss, found = objective(mb.to(self.device))
+            self.accel.before_backward()
+            loss.backward()
+            total += loss.item()
+            merge(metrics, found)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
+        skipped = not math.isfinite(grad_norm) or not math.isfinite(total)
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
+        del grad_buffer
+        metrics.update(grad_norm=Metric(grad_norm, self.norm_reduce),
+                       skipped_update=Metric(float(skipped), self.norm_reduce))
+        combined = self.strategy.combine(metrics)
+        return {k: Metric(m.empty, m.reduce) if m.empty is not None and not math.isfinite(m.value) else m
+                for k, m in combined.items()}
+
+    # ---- checkpoint state (the weights travel separately) ----------------------------------
+
+    def state_dict(self) -> dict:
+        """Optimizer (and LR schedule) state and step count: with the weights, an exact resume."""
+        state = self.strategy.optimizer_state(self.model, self.optimizer)
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return {**state, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.strategy.load_optimizer_state(self.model, self.optimizer, state)
+        self.accel.state_loaded(self.optimizer)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+
+    def close(self) -> None:
+        self.strategy.close()
+
+
+@torch.no_grad()
+def copy_weights(model, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Copy saved tensors (a state dict by name) into `model` in place. A tied tensor (the LM
+    head sharing the embeddings) may be absent: it comes through its other name. Any other
+    missing or unknown name is a `KeyError` naming `what`."""
+    params = dict(model.state_dict(keep_vars=True))
+    given = {params[k].data_ptr() for k in tensors if k in params}
+    missing = {n for n in set(params) - set(tensors) if params[n].data_ptr() not in given}
+    unexpected = set(tensors) - set(params)
+    if missing or unexpected:
+        raise KeyError(f"{what} do not match the model: missing {sorted(missing)[:5]}, "
+                       f"unexpected {sorted(unexpected)[:5]}")
+    for name, tensor in tensors.items():
+        params[name].copy_(tensor)
