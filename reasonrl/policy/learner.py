@@ -17,6 +17,7 @@ processes, and how the optimizer state is written to and read from a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -163,8 +164,8 @@ class Learner:
         metrics.update(grad_norm=Metric(grad_norm, self.norm_reduce),
                        skipped_update=Metric(float(skipped), self.norm_reduce))
         combined = self.strategy.combine(metrics)
-        return {k: Metric(m.empty, m.reduce) if m.empty is not None and not math.isfinite(m.value) else m
-                for k, m in combined.items()}
+        return {k: dataclasses.replace(m, value=m.empty) if m.empty is not None and not math.isfinite(m.value)
+                else m for k, m in combined.items()}
 
     # ---- checkpoint state (the weights travel separately) ----------------------------------
 
