@@ -75,7 +75,8 @@ def test_preflight_asks_the_engine_entry_for_the_gpus_one_engine_needs(monkeypat
     patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, **needs})
     with pytest.raises(ConfigError, match=r"^some.key: 99 GPUs per engine, and this machine has \d+$"):
         preflight(load_config(REPO / "configs" / "smoke.yaml"))
-    preflight(load_config(REPO / "configs" / "smoke.yaml", ["placement.mode=ray"]))  # Ray's: check_capacity
+    if importlib.util.find_spec("ray") is not None:  # ray mode checks the cluster's machines instead
+        preflight(load_config(REPO / "configs" / "smoke.yaml", ["placement.mode=ray"]))
 
 # ---- weight sync ---------------------------------------------------------------------------
 
