@@ -1,0 +1,71 @@
+"""Where a resume starts: the run folder and checkpoint `trainer.resume` names, the newest
+intact checkpoint, and the logs cut back to it.
+
+A resume trusts a checkpoint only once its manifest verifies; `auto` passes over damaged ones
+to the newest intact one and reports what it passed over. The run's logs are then cut back to
+the byte offsets the checkpoint recorded, so a step logged after it is redone, not duplicated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reasonrl.checkpoint.layout import STATE_FILE, STEP_DIR, step_folders
+from reasonrl.checkpoint.manifest import verify_checkpoint
+from reasonrl.errors import CheckpointError
+
+
+def resume_target(resume: str, output_dir: str, run_name: str) -> tuple[Path, Path | None]:
+    """(run folder, the checkpoint `trainer.resume` names, or None for the newest intact one).
+
+    `auto` is output_dir/run_name; a `checkpoints/step_N` folder (or any folder holding a
+    trainer_state.json) names a checkpoint; any other path is a run folder."""
+    if resume == "auto":
+        if not run_name:
+            raise ValueError("trainer.resume=auto needs trainer.run_name (the run to continue)")
+        return Path(output_dir) / run_name, None
+    path = Path(resume)
+    if (path / STATE_FILE).is_file() or (STEP_DIR.match(path.name) and path.parent.name == "checkpoints"):
+        return path.parent.parent, path
+    return path, None
+
+
+def find_resume_point(run_dir: Path, named: Path | None,
+                      auto: bool) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(checkpoint to resume from, [(newer checkpoint passed over, what is wrong with it)]).
+
+    A `named` checkpoint must verify (`CheckpointError` otherwise, naming the file). Else the
+    newest `step_N` of `run_dir` whose manifest verifies: damaged ones are passed over;
+    none intact is a `CheckpointError`; no checkpoint at all is a new run for `auto` (None),
+    a ValueError for a run folder."""
+    if named is not None:
+        if not named.is_dir():
+            raise ValueError(f"trainer.resume: {named} is not a checkpoint folder")
+        if (problem := verify_checkpoint(named)) is not None:
+            raise CheckpointError(f"checkpoint {named} cannot be resumed: {problem}. Resume from an earlier "
+                                  f"checkpoint in {named.parent}, or with --resume {named.parent.parent} "
+                                  f"(the newest intact one)")
+        return named, []
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(step_folders(run_dir)):
+        if (problem := verify_checkpoint(path)) is None:
+            return path, skipped
+        skipped.append((path, problem))
+    if skipped:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(f"{run_dir} holds no intact checkpoint ({listed}). Move "
+                              f"{run_dir / 'checkpoints'} aside to start the run over")
+    if auto:
+        return None, []
+    raise ValueError(f"trainer.resume: {run_dir} holds no complete checkpoint "
+                     f"(expected {run_dir}/checkpoints/step_N/{STATE_FILE})")
+
+
+def truncate_log(path: Path, offset: int) -> None:
+    """Cut a JSONL log back to `offset` bytes: lines of steps after the checkpoint go."""
+    if path.exists():
+        size = path.stat().st_size
+        if size < offset:
+            raise ValueError(f"{path} is shorter ({size} bytes) than at the checkpoint ({offset})")
+        with open(path, "r+b") as fh:
+            fh.truncate(offset)
