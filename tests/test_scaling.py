@@ -266,10 +266,10 @@ def tiny_model():
     return build_tiny_model(seed=3)[0]
 
 
-def make_worker(rank: int, world: int, hyper: dict):
+def make_worker(rank: int, world: int, hyper: dict, device: torch.device | None = None):
     """A policy on the tiny model (seed 3) and a reference that differs from it; with
     `lora_rank`, a LoRA adapter whose B starts random (so that A gets a gradient too) and the
-    reference is the adapter switched off."""
+    reference is the adapter switched off. One process (`world` 1) builds it on `device`."""
     from helpers import policy_settings
 
     from reasonrl.policy import parallel
@@ -294,6 +294,8 @@ def make_worker(rank: int, world: int, hyper: dict):
     h = policy_settings(**{"lr": 0.0, "max_grad_norm": 0.0,
                            **{k: v for k, v in hyper.items() if k not in TEST_KEYS}})
     if world == 1:
+        if device is not None:  # before the worker: its optimizer state lives where the weights do
+            model, ref = model.to(device), None if ref is None else ref.to(device)
         worker = PolicyWorker(model, 0, h, ref_model=ref)
     else:
         cpu = torch.device("cpu")
@@ -307,8 +309,9 @@ def make_worker(rank: int, world: int, hyper: dict):
         worker = parallel.RankPolicyWorker(root, 0, h, rank, world, ref, device=cpu)
         model = root
     if sgd_lr is not None:  # later updates depend on earlier gradients linearly (AdamW's first
-        worker.learner.optimizer = torch.optim.SGD(  # (AdamW's first step is ~lr * sign(g))
-            [p for p in model.parameters() if p.requires_grad], lr=sgd_lr)
+        # step is ~lr * sign(g))
+        worker.learner.optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                                   lr=sgd_lr)
     return worker, model
 
 
@@ -527,16 +530,12 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
             sgd_lr = hyper.get("sgd_lr")
             h = policy_settings(**{"lr": 0.0, "max_grad_norm": 0.0,
                                **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
-            plain, _ = make_worker(0, 1, hyper)
-            plain.model.to(cuda)
-            plain.ref_model.to(cuda)
-            plain.device = cuda
+            plain, _ = make_worker(0, 1, hyper, cuda)
             model = parallel.shard_model(copy.deepcopy(tiny_model()), cuda)
             rank = parallel.RankPolicyWorker(model, 0, h, 0, 1, parallel.shard_model(
                 copy.deepcopy(make_worker(0, 1, hyper)[0].ref_model), cuda))
-            if sgd_lr is not None:
-                plain.optimizer = torch.optim.SGD(plain.model.parameters(), lr=sgd_lr)
-                rank.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
+            if sgd_lr is not None:  # (the plain worker's: make_worker's)
+                rank.learner.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
             one = run_case(plain, plain.model, hyper)
             assert_same_step(name, run_case(rank, model, hyper), one, sgd_lr or 0.0)
     finally:

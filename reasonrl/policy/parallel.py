@@ -162,9 +162,11 @@ class DataParallel:
 
     plain = True  # one forward per micro-batch: no shared prompt
 
-    def __init__(self, rank: int, world: int, device: torch.device | None = None, role: str = "policy"):
+    def __init__(self, rank: int, world: int, device: torch.device, role: str = "policy"):
         self.rank, self.world = rank, world
-        self.device = device  # the compute device (with cpu_offload the shards live on the CPU)
+        # the compute device, where the collectives run (NCCL reduces only GPU tensors; with
+        # cpu_offload the shards live on the CPU)
+        self.device = device
         self.role = role  # placement.<role>.ranks, in the messages
 
     def micro_batches(self, make, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -232,6 +234,7 @@ class RankPolicyWorker(PolicyWorker):
 
     def __init__(self, model: ShardRoot, pad_id: int, settings: PolicySettings, rank: int, world: int,
                  ref_model=None, device: torch.device | None = None):
+        device = device or next(model.parameters()).device
         super().__init__(model, pad_id, settings, ref_model, DataParallel(rank, world, device))
         self.rank, self.world = rank, world
         self.lora = lora.is_lora(model.lm)
@@ -416,6 +419,7 @@ class RankCriticWorker(CriticWorker):
 
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
                  rank: int, world: int, device: torch.device | None = None):
+        device = device or next(model.parameters()).device
         super().__init__(model, pad_id, critic, optim, DataParallel(rank, world, device, role="critic"))
         self.rank, self.world = rank, world
 
