@@ -12,8 +12,8 @@ from helpers import grouped_rows, policy_settings
 
 from reasonrl.accel.kernels import apply_lean_kernels
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.grad_checkpointing import checkpoint_layers, is_checkpointed
 from reasonrl.policy.forward import completion_logprobs, make_micro_batches
+from reasonrl.policy.grad_checkpointing import checkpoint_layers, is_checkpointed
 from reasonrl.policy.worker import PolicyWorker
 
 

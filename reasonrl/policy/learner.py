@@ -27,8 +27,8 @@ import torch
 from reasonrl.accel import TrainingAccel, fused_adam_ok
 from reasonrl.algo import Metric
 from reasonrl.config import OptimConfig
-from reasonrl.policy.grad_checkpointing import checkpoint_layers
 from reasonrl.policy.forward import MicroBatch, make_micro_batches
+from reasonrl.policy.grad_checkpointing import checkpoint_layers
 
 Objective = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Metric]]]
 MakeMicroBatches = Callable[[list[list[int]], list[list[int]], list[list[int]] | None],
