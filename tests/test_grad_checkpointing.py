@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from helpers import grouped_rows, policy_settings
+from helpers import grouped_rows, needs_peft, policy_settings
 
 from reasonrl.accel.kernels import apply_lean_kernels
 from reasonrl.batch import TrainBatch
@@ -143,18 +143,25 @@ def test_policy_worker_step_is_the_same_with_checkpointing(tiny, kernels):
         assert torch.equal(weights[name], base[name]), name
 
 
-def test_wrapped_models_checkpoint_their_layers_and_lora_trains_with_a_reference(tiny):
-    """The layers are found inside a data-parallel rank's root, the critic's value model and a
-    LoRA wrapper; a LoRA policy with a reference (the adapter switched off) trains with it on."""
+def test_wrapped_models_checkpoint_their_layers(tiny):
+    """The layers are found inside a data-parallel rank's root and the critic's value model."""
     from reasonrl.policy.critic import ValueModel
-    from reasonrl.policy.lora import apply_lora
     from reasonrl.policy.parallel import ShardRoot
 
-    model, tokenizer = tiny
+    model, _ = tiny
     inner = copy.deepcopy(model)
     assert checkpoint_layers(ShardRoot(inner)) == 2 and is_checkpointed(inner)
     value = ValueModel(copy.deepcopy(model))
     assert checkpoint_layers(value) == 2 and is_checkpointed(value.lm)
+
+
+@needs_peft
+def test_a_lora_policy_checkpoints_its_layers_and_trains_with_a_reference(tiny):
+    """Inside a LoRA wrapper too; the policy with a reference (the adapter switched off) trains
+    with checkpointing on."""
+    from reasonrl.policy.lora import apply_lora
+
+    model, tokenizer = tiny
     wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)
     worker = PolicyWorker(wrapped, tokenizer.pad_token_id,
                           policy_settings(lr=1e-2, beta=0.1, gradient_checkpointing=True))
