@@ -164,7 +164,9 @@ class Trainer:
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
         ref = kl = values = None
-        if algo.beta > 0 or algo.log_kl:  # the reference model's forward, once per step
+        updates = self.critic is None or self.step_count >= self.cfg.critic.warmup_steps
+        kl_in_reward = algo.beta > 0 and algo.kl_in == "reward"
+        if kl_in_reward or (updates and (algo.beta > 0 or algo.log_kl)):  # the reference forward, once
             ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo)
         if self.critic is not None:
             values = timed(times, "values", self.critic.values, *ids)  # the critic's forward
@@ -172,7 +174,7 @@ class Trainer:
                                                   batch, kl, values, loss_mask, algo)
         if critic_batch is not None:
             metrics.update(timed(times, "critic", self.critic.train_step, critic_batch))
-        if critic_batch is None or self.step_count >= self.cfg.critic.warmup_steps:  # critic warm-up first
+        if updates:
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
                                rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))

@@ -166,3 +166,15 @@ def test_a_non_finite_critic_loss_counts_as_a_bad_step(tmp_path):
         lambda module, args, out: out * float("nan") if torch.is_grad_enabled() else None)
     with pytest.raises(TrainingAborted, match="2 bad steps in a row .* the last: non-finite loss"):
         trainer.fit()
+
+
+@pytest.mark.parametrize("kl_in, warmup_reference", [("loss", False), ("reward", True)])
+def test_the_reference_runs_in_warm_up_only_when_the_reward_needs_it(tmp_path, kl_in, warmup_reference):
+    """During critic-only warm-up steps no policy update reads the reference: it runs there
+    only for KL in the reward (which the critic's returns include), and from then on every step."""
+    trainer = Trainer(smoke(tmp_path, "algo.advantage=gae", "critic.warmup_steps=1", "algo.beta=0.1",
+                            f"algo.kl_in={kl_in}", "trainer.steps=2", "trainer.eval_every=0"))
+    warm = trainer.step()[0]
+    trained = trainer.step()[0]
+    assert ("time/reference" in warm) == warmup_reference and "train/loss" not in warm
+    assert "time/reference" in trained and "train/loss" in trained
