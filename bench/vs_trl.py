@@ -6,7 +6,7 @@
 
 The work (identical on both sides): SmolLM2-135M-Instruct (reasonrl's converted copy of the
 embedded model), fp32, 8 GSM8K questions (tests/fixtures/gsm8k/train.jsonl, chat template,
-one system prompt) x 4 samples = 32 completions per step, at most 128 new tokens,
+one system prompt) x 4 samples = 32 completions per step, at most 128 new tokens (`--max-new-tokens`),
 temperature 1, top-p 1, no top-k, beta 0 (no reference model), lr 1e-6 constant, AdamW,
 grad-norm clip 1.0, token-mean loss (TRL's `dapo`, reasonrl's `token`), one optimizer step
 per generation batch in micro-batches of 8, seed 0, and the same reward function (this
@@ -243,11 +243,14 @@ def main() -> None:
                         help="another checkout of reasonrl (e.g. `git worktree add /tmp/base <commit>`): "
                              "adds the setup reasonrl-base, the same work with that code, to compare "
                              "two versions in one run")
+    parser.add_argument("--max-new-tokens", type=int, default=WORK["max_new_tokens"],
+                        help="the longest completion, on both sides (docs/performance.md: 128 and 512)")
     parser.add_argument("--keep-first", action="store_true",
                         help="count each run's first step (warm-up) in the statistics")
     parser.add_argument("--side", choices=["trl", "trl-matched", "reasonrl"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    WORK["max_new_tokens"] = args.max_new_tokens
 
     if args.side == "reasonrl":
         print(json.dumps(run_reasonrl(args.model_dir, args.steps, args.engine)), flush=True)
@@ -289,7 +292,8 @@ def main() -> None:
             python, extra = setups[name]
             t = time.perf_counter()
             code = Path(args.base).resolve() if name == "reasonrl-base" else REPO
-            out = side(python, [*extra, "--steps", str(args.steps), "--model-dir", model_dir], code)
+            out = side(python, [*extra, "--steps", str(args.steps), "--model-dir", model_dir,
+                                "--max-new-tokens", str(args.max_new_tokens)], code)
             results[name].append(out)
             times = ", ".join(f"{s['step']:.1f}" for s in out["steps"])
             print(f"[bench] round {r + 1} {name:12s}: steps {times} s; "

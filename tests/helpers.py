@@ -127,9 +127,14 @@ def smoke_cfg(out: Path, name: str, *overrides: str):
 
 
 def metrics(run: Path) -> list[dict]:
+    """A run's metrics that two placements of the same run share: not the times, the memory,
+    nor how the rows were laid out in micro-batches (a rank's, or an actor's plain layout)."""
+    from reasonrl.policy.learner import LAYOUT_METRICS
+
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items()
-             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
+             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"
+             and k.split("/")[-1] not in LAYOUT_METRICS} for r in rows]
 
 
 # 1 - Var(R - V) / Var(R) near 0 cancels: its absolute error is the ratio's relative error,

@@ -98,6 +98,28 @@ def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch, mkl):
             torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
 
 
+def test_rows_leaving_in_place_or_reordered_keep_their_caches(tiny):
+    """`select` with rows in increasing order moves them down in place (only the filled columns);
+    in any other order it gathers a new cache: both give the modules' logits afterwards."""
+    model, tokenizer = tiny
+    model.eval()
+    ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
+    with torch.inference_mode():
+        ref, lean = ModulesDecoder(model, 8), LeanLlama(model, ids.size(1) + 8, mkl=False)
+        ref.prefill(ids, mask)
+        lean.prefill(ids, mask)
+        ref.repeat(2)
+        lean.repeat(2)
+        tokens = torch.arange(1, 2 * len(PROMPTS) + 1)
+        for keep in (torch.tensor([0, 2, 3, 5]), torch.tensor([3, 1]), torch.tensor([1])):
+            torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
+            ref.select(keep)
+            lean.select(keep)
+            tokens = tokens[keep] + 1
+            assert lean.cache.size(2) == len(keep)
+        torch.testing.assert_close(lean.step(tokens), ref.step(tokens), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mkl", [pytest.param(True, marks=needs_mkl), False])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_prefill_after_kept_caches_equals_a_full_prefill(tiny, arch, mkl):

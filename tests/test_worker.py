@@ -8,7 +8,8 @@ from helpers import patch_entry, policy_settings
 
 from reasonrl.algo.policy_loss import ppo
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.forward import completion_logprobs, make_micro_batches
+from reasonrl.policy.forward import completion_logprobs, layout_tokens, make_micro_batches
+from reasonrl.policy.learner import Learner
 from reasonrl.policy.model import build_tiny_model
 from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import POLICY_LOSSES
@@ -54,6 +55,64 @@ def test_shared_prompt_micro_batches_compute_each_prompt_once():
                                              [1, 1, 1, 1, 1, 1, 1, 1]]
     assert first.targets.tolist() == [[30, 0, 0, 0, 0], [20, 21, 2, 0, 0], [40, 41, 42, 43, 44]]
     assert first.mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+
+
+def test_layout_tokens_count_the_positions_a_micro_batch_runs():
+    # totals 7, 3, 9, 8: plain, rows 0 and 2 -> 2 x 9; shared: prompt [1, 5, 9, 11] once (4) + 2 x (5 - 1)
+    assert layout_tokens(PROMPTS, COMPLETIONS, [0, 2], share_prompt=False) == 18
+    assert layout_tokens(PROMPTS, COMPLETIONS, [0, 2], share_prompt=True) == 4 + 2 * 4
+    # three distinct prompts padded to 6, three rows' completion inputs padded to 5 - 1
+    assert layout_tokens(PROMPTS, COMPLETIONS, [1, 2, 3], share_prompt=True) == 3 * 6 + 3 * 4
+
+
+@pytest.mark.parametrize("share_prompt", [False, True], ids=["plain", "shared_prompt"])
+@pytest.mark.parametrize("budget", [1, 8, 12, 18, 100])
+def test_a_token_budget_bounds_every_micro_batch(share_prompt, budget):
+    """No micro-batch runs more positions than the budget, unless it is one row longer than
+    the budget; every row is in exactly one; the row cap still holds."""
+    mbs = make_micro_batches(PROMPTS, COMPLETIONS, size=3, pad_id=0, share_prompt=share_prompt,
+                             max_tokens=budget)
+    assert sorted(r for mb in mbs for r in mb.rows) == [0, 1, 2, 3]
+    for mb in mbs:
+        assert len(mb.rows) <= 3
+        positions = mb.input_ids.numel() + (0 if mb.prompts is None else mb.prompts.numel())
+        assert positions == layout_tokens(PROMPTS, COMPLETIONS, mb.rows, share_prompt)
+        assert positions <= budget or len(mb.rows) == 1
+
+
+def test_plain_budget_cuts_the_length_sorted_rows_greedily():
+    # rows by total length: 1 (3), 0 (7), 3 (8), 2 (9); budget 16: [1, 0] = 2 x 7 = 14, then
+    # [3] (adding 2 would be 2 x 9 = 18 > 16), then [2]
+    mbs = make_micro_batches(PROMPTS, COMPLETIONS, size=4, pad_id=0, max_tokens=16)
+    assert [mb.rows for mb in mbs] == [[1, 0], [3], [2]]
+    # a budget the row cap reaches first changes nothing
+    assert [mb.rows for mb in make_micro_batches(PROMPTS, COMPLETIONS, size=2, pad_id=0, max_tokens=100)] == \
+        [mb.rows for mb in make_micro_batches(PROMPTS, COMPLETIONS, size=2, pad_id=0)]
+
+
+def test_shared_prompt_budget_orders_by_completion_length_when_that_runs_fewer_positions():
+    """Two prompts of 4 tokens, each with a 2- and a 20-token completion. By prompt under a budget
+    of 50: [a2, a20] = 4 + 2 x 19 = 42, [b2, b20] = 42: 84 positions. By completion length:
+    [a2, b2] = 2 x 4 + 2 x 1 = 10, [a20, b20] = 8 + 2 x 19 = 46: 56 positions, chosen."""
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6, 7, 8]]
+    completions = [[9] * 2, [9] * 20, [9] * 2, [9] * 20]
+    mbs = make_micro_batches(prompts, completions, size=4, pad_id=0, share_prompt=True, max_tokens=50)
+    assert [mb.rows for mb in mbs] == [[0, 2], [1, 3]]
+    # without the budget (or one the rows cap reaches first) the prompt order stays
+    assert [mb.rows for mb in make_micro_batches(prompts, completions, size=2, pad_id=0,
+                                                 share_prompt=True, max_tokens=1000)] == [[0, 1], [2, 3]]
+
+
+def test_layout_metrics_count_micro_batches_and_padding():
+    # one plain micro-batch of the four rows: 4 x 9 positions, 7 + 3 + 9 + 8 = 27 real -> 1/4 padding
+    mbs = make_micro_batches(PROMPTS, COMPLETIONS, size=4, pad_id=0)
+    m = Learner.layout_metrics(mbs)
+    assert (m["micro_batches"].value, m["micro_batch_tokens_max"].value) == (1.0, 36.0)
+    assert m["pad_fraction"].value == pytest.approx(0.25)
+    # shared prompt, rows 0 and 2 (same prompt): 4 + 2 x 4 positions, 4 + (2 + 4) real -> 2/12
+    shared = make_micro_batches([PROMPTS[0], PROMPTS[2]], [COMPLETIONS[0], COMPLETIONS[2]], size=2,
+                                pad_id=0, share_prompt=True)
+    assert Learner.layout_metrics(shared)["pad_fraction"].value == pytest.approx(2 / 12)
 
 
 @pytest.mark.parametrize("share_prompt", [False, True], ids=["plain", "shared_prompt"])
@@ -134,14 +193,18 @@ EXTRAS = {"beta": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01, "clip_ratio_c
 @pytest.mark.parametrize("extras", [False, True], ids=["plain", "kl+entropy+dual_clip"])
 def test_gradient_does_not_depend_on_micro_batch_size(base_model, loss_agg, ratio_level, extras):
     """Micro-batch sizes 1, 2, 3 and the full batch (4), each prompt computed per row or once
-    per micro-batch (`share_prompt`), give the same gradient in every mode."""
+    per micro-batch (`share_prompt`), and token budgets that cut the rows differently (1: a row
+    per micro-batch) give the same gradient in every mode (to `assert_grads_close`'s bound)."""
     hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8,
                  **(EXTRAS if extras else {}))
     (full,), m_full, _ = run_train_step(base_model, 4, share_prompt=False, **hyper)
     assert max(g.abs().max().item() for g in full.values()) > 1e-3  # a real gradient
-    for size, share in [(1, False), (2, False), (3, False), (1, True), (2, True), (3, True), (4, True)]:
-        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share, **hyper)
-        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}")
+    cases = [(1, False, 0), (2, False, 0), (3, False, 0), (1, True, 0), (2, True, 0), (3, True, 0),
+             (4, True, 0), (4, False, 10), (4, False, 16), (4, True, 10), (4, True, 16), (4, True, 1)]
+    for size, share, budget in cases:
+        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share,
+                                              max_tokens_per_micro_batch=budget, **hyper)
+        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}, max_tokens={budget}")
         for key in ("train/loss", "train/pg_loss", "train/entropy", "train/clip_frac"):
             assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
         if extras:
@@ -505,7 +568,7 @@ TOKEN_MASKS = [[1, 0, 1], [1], [1, 1, 0, 0, 1], [1, 1]]
 def test_multi_turn_gradient_is_the_masked_objective_for_every_micro_batch_size(base_model, loss_agg,
                                                                                ratio_level):
     """With token masks (multi-turn rows) the gradient is that of the objective over model
-    tokens, the same for micro-batch sizes 1-4 with and without a shared prompt."""
+    tokens, the same for micro-batch sizes 1-4 and a token budget, with and without a shared prompt."""
     hyper = dict(loss_agg=loss_agg, ratio_level=ratio_level, max_response_length=8, token_mask=TOKEN_MASKS)
     (full,), m_full, _ = run_train_step(base_model, 4, share_prompt=False, **hyper)
     model = copy.deepcopy(base_model)
@@ -513,9 +576,11 @@ def test_multi_turn_gradient_is_the_masked_objective_for_every_micro_batch_size(
                                                          masks=TOKEN_MASKS))
     assert_grads_close(full, expected, "masked hand-written")
     assert m_full["train/tokens"] == 8.0  # model tokens only (13 completion tokens in all)
-    for size, share in [(1, False), (3, False), (1, True), (2, True), (4, True)]:
-        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share, **hyper)
-        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}")
+    for size, share, budget in [(1, False, 0), (3, False, 0), (1, True, 0), (2, True, 0), (4, True, 0),
+                                (4, False, 12), (4, True, 12)]:
+        (grads,), metrics, _ = run_train_step(base_model, size, share_prompt=share,
+                                              max_tokens_per_micro_batch=budget, **hyper)
+        assert_grads_close(grads, full, f"micro_batch_size={size}, share_prompt={share}, max_tokens={budget}")
         for key in ("train/loss", "train/entropy"):
             assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
 

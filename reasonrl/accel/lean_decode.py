@@ -343,8 +343,21 @@ class LeanLlama:
         self.positions = self.positions.repeat_interleave(n, dim=0)
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (indices into the current batch), in this order."""
-        self.cache = self.cache.index_select(2, rows)
+        """Keep only these rows (indices into the current batch), in this order.
+
+        Rows ending one by one call this up to once per row: rows in increasing order (the
+        decode loop's) move down in place and only their filled columns are copied, so a call
+        costs rows x filled columns, not the whole preallocated cache (rows x the decode length,
+        twice over with a new cache: ~1.6 GB per ended row at 32 rows x 1,100 positions of
+        SmolLM2-135M)."""
+        ordered = rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())
+        if not ordered:
+            self.cache = self.cache.index_select(2, rows)
+        else:
+            for j, r in enumerate(rows.tolist()):  # r >= j: a source is never overwritten before it is read
+                if r != j:
+                    self.cache[:, :, j, :, : self.length].copy_(self.cache[:, :, r, :, : self.length])
+            self.cache = self.cache[:, :, : rows.numel()]
         self.key_ok = self.key_ok.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
 

@@ -265,7 +265,11 @@ class OptimConfig:
     warmup_ratio: float = param(0.0, ge=0, lt=1)
     min_lr_ratio: float = param(0.0, ge=0, le=1)
     max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
-    micro_batch_size: int = param(8, ge=1)  # sequences per forward/backward; the gradient does not change
+    micro_batch_size: int = param(8, ge=1)  # rows per forward/backward at most; the gradient does not change
+    # positions (prompt + completion, padding included) per forward/backward at most: bounds the
+    # update's memory whatever the response length; 0 = auto from the model and the machine's
+    # memory (reasonrl/policy/budget.py: 2,048 on a CPU for a small model). The gradient does not change
+    max_tokens_per_micro_batch: int = param(0, ge=0, zero="auto")
     # run each prompt once per micro-batch for all its completions (a GRPO group shares it):
     # same log-probs and gradient, fewer tokens through the model
     share_prompt: bool = True

@@ -2,8 +2,16 @@
 micro-batch (`completion_logprobs`, `completion_hidden`) and how rows become micro-batches.
 
 Micro-batches are bucketed by length so padding costs little (or, `share_prompt`, grouped by
-prompt so that a GRPO group's prompt runs once); `per_row` cuts a forward's [M, T] output back
-to one unpadded tensor per completion, `pad_like` lays such rows into a micro-batch again.
+prompt so that a GRPO group's prompt runs once), at most `size` rows and, with a token budget
+(`optim.max_tokens_per_micro_batch`), at most that many positions each; `per_row` cuts a
+forward's [M, T] output back to one unpadded tensor per completion, `pad_like` lays such rows
+into a micro-batch again.
+
+Why per-length groups and not packed rows: on a CPU, SDPA has no variable-length kernel, so
+packing rows into one sequence needs a block-diagonal mask whose attention costs the square of
+the packed length (measured in bench/lengths.py); sorting rows by length and cutting by the
+budget leaves little padding (`train/pad_fraction`) at no such cost. verl's dynamic batch size
+does the same (`use_dynamic_bsz`, `ppo_max_token_len_per_gpu`).
 """
 
 from __future__ import annotations
@@ -61,70 +69,110 @@ def row_mask(token_masks: list[list[int]] | None, i: int, length: int) -> torch.
 
 def make_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
                        size: int, pad_id: int, share_prompt: bool = False,
-                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-    """Split rows into micro-batches of at most `size` rows, each padded only to its own
-    maximum. Plain: rows of similar total length go together. `share_prompt`: rows with the
-    same prompt (a GRPO group) go together and the prompt is computed once per micro-batch
-    (see `MicroBatch`). `token_masks` (multi-turn episodes): the mask is 1 only on the
-    model's tokens; the environment's are inputs (context) but never targets of the loss."""
-    if share_prompt:
-        return _shared_prompt_micro_batches(prompt_ids, completion_ids, size, pad_id, token_masks)
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
-    batches = []
-    for start in range(0, len(order), size):
-        rows = order[start: start + size]
-        width = max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
-        t_max = max(max(len(completion_ids[i]) for i in rows), 1)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        positions = torch.zeros((len(rows), t_max), dtype=torch.long)
-        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
-        mask = torch.zeros((len(rows), t_max))
-        for j, i in enumerate(rows):
-            p, c = prompt_ids[i], completion_ids[i]
-            ids[j, : len(p) + len(c)] = torch.tensor(p + c)
-            attn[j, : len(p) + len(c)] = 1
-            positions[j, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
-            targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[j, : len(c)] = row_mask(token_masks, i, len(c))
-        batches.append(MicroBatch(rows, ids, attn, positions, targets, mask))
-    return batches
+                       token_masks: list[list[int]] | None = None, max_tokens: int = 0) -> list[MicroBatch]:
+    """Split rows into micro-batches of at most `size` rows and, with `max_tokens` > 0, at most
+    `max_tokens` positions run through the model (`layout_tokens`: padding included), each
+    padded only to its own maximum. A row longer than the budget is a micro-batch of its own.
+    Plain: rows of similar total length go together. `share_prompt`: rows with the same prompt
+    (a GRPO group) go together and the prompt is computed once per micro-batch (see
+    `MicroBatch`). `token_masks` (multi-turn episodes): the mask is 1 only on the model's
+    tokens; the environment's are inputs (context) but never targets of the loss.
+
+    The budget changes only which rows share a forward: every normaliser of the objective is
+    the step's (`reasonrl.algo.objective`), so the gradient is the same whatever the split.
+    Where the budget cuts a shared-prompt layout, rows may instead be ordered by completion
+    length (prompts repeated across micro-batches, little padding): whichever of the two
+    orders runs fewer positions (long responses of unequal lengths: the second)."""
+    chunks = micro_batch_rows(prompt_ids, completion_ids, size, share_prompt, max_tokens)
+    build = _shared_prompt_batch if share_prompt else _plain_batch
+    return [build(rows, prompt_ids, completion_ids, pad_id, token_masks) for rows in chunks]
 
 
-def _shared_prompt_micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                                 size: int, pad_id: int,
-                                 token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-    # Rows ordered by prompt (length, then content) and, within a prompt, by completion length:
-    # consecutive chunks then hold few distinct prompts and little completion padding.
-    order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i],
-                                                          len(completion_ids[i])))
-    batches = []
-    for start in range(0, len(order), size):
-        rows = order[start: start + size]
-        distinct: dict[tuple[int, ...], int] = {}
-        prompt_of_row = torch.tensor([distinct.setdefault(tuple(prompt_ids[i]), len(distinct)) for i in rows])
-        width = max(len(p) for p in distinct)
-        prompts = torch.full((len(distinct), width), pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for u, p in enumerate(distinct):
-            prompts[u, : len(p)] = torch.tensor(p)
-            prompt_mask[u, : len(p)] = 1
-        t_max = max(max(len(completion_ids[i]) for i in rows), 1)
-        inputs = torch.full((len(rows), t_max - 1), pad_id, dtype=torch.long)
-        attn = torch.cat([prompt_mask[prompt_of_row],
-                          torch.zeros((len(rows), t_max - 1), dtype=torch.long)], 1)
-        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
-        mask = torch.zeros((len(rows), t_max))
-        for j, i in enumerate(rows):
-            c = completion_ids[i]
-            inputs[j, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-            attn[j, width: width + len(c) - 1] = 1
-            targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[j, : len(c)] = row_mask(token_masks, i, len(c))
-        positions = torch.arange(t_max).expand(len(rows), t_max).clone()
-        batches.append(MicroBatch(rows, inputs, attn, positions, targets, mask, prompts, prompt_mask,
-                                  prompt_of_row))
-    return batches
+def layout_tokens(prompt_ids: list[list[int]], completion_ids: list[list[int]], rows: list[int],
+                  share_prompt: bool) -> int:
+    """Positions a micro-batch of `rows` runs through the model, padding included: rows x the
+    longest prompt + completion (plain), or the distinct prompts x the longest of them plus rows
+    x the longest completion's inputs (shared prompt). Activation memory and time scale with it."""
+    if not share_prompt:
+        return len(rows) * max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
+    distinct = {tuple(prompt_ids[i]) for i in rows}
+    return (len(distinct) * max(len(p) for p in distinct)
+            + len(rows) * max(len(completion_ids[i]) - 1 for i in rows))
+
+
+def micro_batch_rows(prompt_ids: list[list[int]], completion_ids: list[list[int]], size: int,
+                     share_prompt: bool, max_tokens: int = 0) -> list[list[int]]:
+    """The rows of each micro-batch (`make_micro_batches`): the rows in layout order, cut
+    greedily where the next row would pass `size` rows or `max_tokens` positions."""
+    def cut(order: list[int]) -> list[list[int]]:
+        chunks: list[list[int]] = [[]]
+        for i in order:
+            chunk = chunks[-1]
+            if chunk and (len(chunk) == size or (max_tokens > 0 and layout_tokens(
+                    prompt_ids, completion_ids, chunk + [i], share_prompt) > max_tokens)):
+                chunks.append(chunk := [])
+            chunk.append(i)
+        return [c for c in chunks if c]
+
+    rows = range(len(prompt_ids))
+    if not share_prompt:  # by total length: per-length groups, little padding
+        return cut(sorted(rows, key=lambda i: len(prompt_ids[i]) + len(completion_ids[i])))
+    # by prompt (length, then content) and, within a prompt, by completion length: consecutive
+    # chunks then hold few distinct prompts and little completion padding
+    by_prompt = cut(sorted(rows, key=lambda i: (len(prompt_ids[i]), prompt_ids[i], len(completion_ids[i]))))
+    if max_tokens <= 0 or all(len(c) == size for c in by_prompt[:-1]):
+        return by_prompt  # the budget did not cut: the layout of the row cap alone
+    by_length = cut(sorted(rows, key=lambda i: (len(completion_ids[i]), len(prompt_ids[i]), prompt_ids[i])))
+
+    def cost(chunks: list[list[int]]) -> int:
+        return sum(layout_tokens(prompt_ids, completion_ids, c, True) for c in chunks)
+
+    return by_length if cost(by_length) < cost(by_prompt) else by_prompt
+
+
+def _plain_batch(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 pad_id: int, token_masks: list[list[int]] | None) -> MicroBatch:
+    width = max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
+    t_max = max(max(len(completion_ids[i]) for i in rows), 1)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    positions = torch.zeros((len(rows), t_max), dtype=torch.long)
+    targets = torch.zeros((len(rows), t_max), dtype=torch.long)
+    mask = torch.zeros((len(rows), t_max))
+    for j, i in enumerate(rows):
+        p, c = prompt_ids[i], completion_ids[i]
+        ids[j, : len(p) + len(c)] = torch.tensor(p + c)
+        attn[j, : len(p) + len(c)] = 1
+        positions[j, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+        targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[j, : len(c)] = row_mask(token_masks, i, len(c))
+    return MicroBatch(rows, ids, attn, positions, targets, mask)
+
+
+def _shared_prompt_batch(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                         pad_id: int, token_masks: list[list[int]] | None) -> MicroBatch:
+    distinct: dict[tuple[int, ...], int] = {}
+    prompt_of_row = torch.tensor([distinct.setdefault(tuple(prompt_ids[i]), len(distinct)) for i in rows])
+    width = max(len(p) for p in distinct)
+    prompts = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+    for u, p in enumerate(distinct):
+        prompts[u, : len(p)] = torch.tensor(p)
+        prompt_mask[u, : len(p)] = 1
+    t_max = max(max(len(completion_ids[i]) for i in rows), 1)
+    inputs = torch.full((len(rows), t_max - 1), pad_id, dtype=torch.long)
+    attn = torch.cat([prompt_mask[prompt_of_row],
+                      torch.zeros((len(rows), t_max - 1), dtype=torch.long)], 1)
+    targets = torch.zeros((len(rows), t_max), dtype=torch.long)
+    mask = torch.zeros((len(rows), t_max))
+    for j, i in enumerate(rows):
+        c = completion_ids[i]
+        inputs[j, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+        attn[j, width: width + len(c) - 1] = 1
+        targets[j, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[j, : len(c)] = row_mask(token_masks, i, len(c))
+    positions = torch.arange(t_max).expand(len(rows), t_max).clone()
+    return MicroBatch(rows, inputs, attn, positions, targets, mask, prompts, prompt_mask, prompt_of_row)
 
 
 def _shared_prompt_hidden(model, mb: MicroBatch) -> torch.Tensor:

@@ -27,8 +27,12 @@ import torch
 from reasonrl.accel import TrainingAccel, fused_adam_ok
 from reasonrl.algo import Metric
 from reasonrl.config import OptimConfig
+from reasonrl.policy.budget import token_budget
 from reasonrl.policy.forward import MicroBatch, make_micro_batches
 from reasonrl.policy.grad_checkpointing import checkpoint_layers
+
+# how an update's rows were laid out, not what it computed: a data-parallel rank's differ from one process's
+LAYOUT_METRICS = ("micro_batches", "micro_batch_tokens_max", "pad_fraction")
 
 Objective = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Metric]]]
 MakeMicroBatches = Callable[[list[list[int]], list[list[int]], list[list[int]] | None],
@@ -99,6 +103,8 @@ class Learner:
         model.train()
         self.device = self.strategy.device or next(model.parameters()).device
         self.micro_batch_size = micro_batch_size
+        # positions per micro-batch (reasonrl.policy.budget): optim.max_tokens_per_micro_batch, or auto
+        self.max_tokens = token_budget(model, self.device, optim.max_tokens_per_micro_batch)
         self.epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
         # a recomputed layer would write a shared prompt's KV cache twice, and data-parallel
         # ranks run one forward per micro-batch (FSDP needs the same calls on every rank)
@@ -120,9 +126,10 @@ class Learner:
 
     def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-        """All of these rows' micro-batches (`reasonrl.policy.forward.make_micro_batches`)."""
+        """All of these rows' micro-batches (`reasonrl.policy.forward.make_micro_batches`): at most
+        `micro_batch_size` rows and `max_tokens` positions each."""
         return make_micro_batches(prompt_ids, completion_ids, self.micro_batch_size, self.pad_id,
-                                  self.share_prompt, token_masks)
+                                  self.share_prompt, token_masks, self.max_tokens)
 
     def train(self, rows: int,
               update: Callable[[list[int]], dict[str, Metric]]) -> tuple[dict[str, float], int]:
@@ -147,7 +154,9 @@ class Learner:
         grad_buffer = self.accel.gradients()
         metrics: dict[str, Metric] = {}
         total = 0.0
-        for mb in self.strategy.micro_batches(self.micro_batches, prompt_ids, completion_ids, token_masks):
+        micro_batches = self.strategy.micro_batches(self.micro_batches, prompt_ids, completion_ids,
+                                                    token_masks)
+        for mb in micro_batches:
             loss, found = objective(mb.to(self.device))
             self.accel.before_backward()
             loss.backward()
@@ -162,10 +171,27 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
         del grad_buffer
         metrics.update(grad_norm=Metric(grad_norm, self.norm_reduce),
-                       skipped_update=Metric(float(skipped), self.norm_reduce))
+                       skipped_update=Metric(float(skipped), self.norm_reduce),
+                       **self.layout_metrics(micro_batches))
         combined = self.strategy.combine(metrics)
         return {k: dataclasses.replace(m, value=m.empty) if m.empty is not None and not math.isfinite(m.value)
                 else m for k, m in combined.items()}
+
+    @staticmethod
+    def layout_metrics(micro_batches: list[MicroBatch]) -> dict[str, Metric]:
+        """This process's micro-batches per update, the most positions one ran through the model
+        (what the token budget bounds) and the share of the positions that were padding."""
+        sizes, real = [], 0
+        for mb in micro_batches:
+            if mb.prompts is None:
+                sizes.append(mb.input_ids.numel())
+                real += int(mb.attention_mask.sum())
+            else:  # the distinct prompts once, then each row's completion inputs
+                sizes.append(mb.prompts.numel() + mb.input_ids.numel())
+                real += int(mb.prompt_mask.sum()) + int(mb.attention_mask[:, mb.prompts.size(1):].sum())
+        return {"micro_batches": Metric(float(len(micro_batches)), "mean"),
+                "micro_batch_tokens_max": Metric(float(max(sizes, default=0)), "max", 0.0),
+                "pad_fraction": Metric(1.0 - real / max(sum(sizes), 1), "mean")}
 
     # ---- checkpoint state (the weights travel separately) ----------------------------------
 
