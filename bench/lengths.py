@@ -3,6 +3,7 @@
     python bench/lengths.py                          # 64 / 256 / 512 / 1,024 new tokens, 3 steps each
     python bench/lengths.py --lengths 64 256 --base /tmp/before   # also another checkout, same work
     python bench/lengths.py --budgets                # one forward + backward per micro-batch size
+    python bench/lengths.py --update-sweep --device cuda --dtypes float32 bfloat16   # a GPU
 
 The sweep trains the default model on GSM8K questions from the repository's fixture
 (`reward.task=math`, 4 prompts x 4 samples, `trainer.steps=3`, no evaluation) with
@@ -17,6 +18,10 @@ positions (rows of 512 tokens, or shorter rows for the small budgets), in millis
 position and peak RSS growth, and the same positions packed into one sequence with a
 block-diagonal mask (what packing costs without a variable-length attention kernel): the
 measurement behind the CPU's auto budget (reasonrl/policy/budget.py).
+
+`--update-sweep` times the update alone (`PolicyWorker.train_step`) on a random-weight model of
+the default model's shape, random tokens, with and without the token budget: for a GPU, where
+no weights or tokenizer need to reach the machine.
 
 Figures depend on the machine: the CPU model and the load average are printed with them.
 """
@@ -136,6 +141,84 @@ def budgets(sizes: list[int], row_tokens: int, packed_max: int = 4096) -> None:
               f"| {rss:.2f} GiB |", flush=True)
 
 
+def release(device) -> None:
+    """Give a finished setup's memory back before the next one is measured (the learner's
+    optimizer hooks hold reference cycles: only the collector frees them)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path: str | None,
+                 budgets: list[int]) -> None:
+    """The update alone on `device`, on a random-weight model of the default model's shape (or
+    `config_path`'s): 4 prompts of 150 tokens x 4 completions of L/2..L random tokens per step,
+    `optim.micro_batch_size=16`, each token budget of `budgets` (0 = auto, -1 = no budget: the
+    row cap alone, as before the budget existed). Prints trained tokens/s and peak memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reasonrl.batch import TrainBatch
+    from reasonrl.config import OptimConfig
+    from reasonrl.policy.model import default_model_dir
+    from reasonrl.policy.worker import PolicySettings, PolicyWorker
+
+    config = AutoConfig.from_pretrained(config_path or str(default_model_dir()))
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    print("| dtype | max_new_tokens | budget | trained tokens / step | update s / step | tokens/s "
+          "| micro-batches | peak memory |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype in dtypes:
+        for length in lengths:
+            prompts = [torch.randint(0, config.vocab_size, (150,), generator=gen).tolist() for _ in range(4)]
+            prompt_ids = [p for p in prompts for _ in range(4)]
+            sizes = torch.randint(length // 2, length + 1, (16,), generator=gen).tolist()
+            completion_ids = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+                              for n in sizes]
+            advantages = torch.randn(16, generator=gen)
+            for budget in budgets:
+                torch.manual_seed(0)
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).to(dev)
+                optim = OptimConfig(lr=1e-6, micro_batch_size=16,
+                                    max_tokens_per_micro_batch=max(budget, 0) if budget >= 0 else 10**9)
+                worker = PolicyWorker(model, 0, PolicySettings(optim=optim, max_response_length=length))
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                times, metrics = [], {}
+                name = {0: f"auto ({worker.learner.max_tokens})", -1: "none (rows only)"}.get(
+                    budget, str(budget))
+                try:
+                    for _ in range(3):
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        start = time.perf_counter()
+                        metrics = worker.train_step(TrainBatch(prompt_ids, completion_ids, advantages))
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        times.append(time.perf_counter() - start)
+                except torch.OutOfMemoryError:
+                    times = []
+                if not times or len(times) < 3:
+                    print(f"| {dtype} | {length} | {name} | {sum(sizes)} | out of memory | | | |", flush=True)
+                    del worker, model
+                    release(dev)
+                    continue
+                seconds = statistics.median(times[1:])
+                peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
+                        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
+                mbs = metrics.get("train/micro_batches", float("nan"))
+                print(f"| {dtype} | {length} | {name} | {sum(sizes)} | {seconds:.3f} "
+                      f"| {sum(sizes) / seconds:.0f} | {mbs:.0f} | {peak:.2f} GiB |", flush=True)
+                del worker, model
+                release(dev)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="response length vs memory and time")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 512, 1024])
@@ -144,6 +227,13 @@ def main() -> None:
     parser.add_argument("--budgets", action="store_true", help="time micro-batch sizes instead of the sweep")
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--row-tokens", type=int, default=512)
+    parser.add_argument("--update-sweep", action="store_true",
+                        help="the update alone on a random-weight model (a GPU: --device cuda)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtypes", nargs="+", default=["float32"])
+    parser.add_argument("--config", help="a model's config.json folder (default: the default model's)")
+    parser.add_argument("--budget-values", type=int, nargs="+", default=[-1, 0],
+                        help="token budgets for --update-sweep: 0 = auto, -1 = none (rows only)")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -153,6 +243,9 @@ def main() -> None:
           flush=True)
     if args.budgets:
         budgets(args.sizes, args.row_tokens)
+        return
+    if args.update_sweep:
+        update_sweep(args.lengths, args.device, args.dtypes, args.config, args.budget_values)
         return
     setups = {} if args.only_base else {"this": REPO}
     if args.base:

@@ -13,20 +13,22 @@ GIB = 2**30
 
 
 def test_activation_bytes_per_token_of_smollm2_135m():
-    # 4 bytes x 30 layers x (6 x 576 + 4 x 1536) = 4 x 30 x 9,600
-    assert activation_bytes_per_token(SMOLLM2_135M, torch.float32) == 1_152_000
-    assert activation_bytes_per_token(SMOLLM2_135M, torch.bfloat16) == 576_000
+    # 4 bytes x 30 layers x 6 x (576 + 1,536) = 4 x 30 x 12,672
+    assert activation_bytes_per_token(SMOLLM2_135M, torch.float32) == 1_520_640
+    assert activation_bytes_per_token(SMOLLM2_135M, torch.bfloat16) == 760_320
 
 
 def test_auto_budget_is_what_fits_or_keeps_the_device_busy():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    # 24 GiB / 8 / 1,152,000 = 2,796 positions fit; a CPU is busy from 2,048
+    # 24 GiB / 8 / 1,520,640 = 2,118 positions fit; a CPU is busiest at 2,048
     assert auto_budget(SMOLLM2_135M, torch.float32, cpu, memory=24 * GIB) == 2048
-    # 8 GiB: 932 fit -> 768 (a multiple of 256)
-    assert auto_budget(SMOLLM2_135M, torch.float32, cpu, memory=8 * GIB) == 768
-    # an 80 GiB GPU: 9,320 fit -> 9,216; in bfloat16 18,641 fit, capped at 16,384
-    assert auto_budget(SMOLLM2_135M, torch.float32, gpu, memory=80 * GIB) == 9216
-    assert auto_budget(SMOLLM2_135M, torch.bfloat16, gpu, memory=80 * GIB) == 16384
+    # 8 GiB: 706 fit -> 512 (a multiple of 256)
+    assert auto_budget(SMOLLM2_135M, torch.float32, cpu, memory=8 * GIB) == 512
+    # an 80 GiB GPU: 7,061 fit -> 6,912; in bfloat16 14,122 -> 14,080; 160 GiB in bf16: 28,244,
+    # capped at 16,384
+    assert auto_budget(SMOLLM2_135M, torch.float32, gpu, memory=80 * GIB) == 6912
+    assert auto_budget(SMOLLM2_135M, torch.bfloat16, gpu, memory=80 * GIB) == 14080
+    assert auto_budget(SMOLLM2_135M, torch.bfloat16, gpu, memory=160 * GIB) == 16384
     # never below 256 positions
     assert auto_budget(SMOLLM2_135M, torch.float32, cpu, memory=GIB) == 256
 

@@ -8,13 +8,13 @@ memory whatever the response length. The auto budget is the smaller of
 
 - what fits: an eighth of the device's memory (the GPU's; on a CPU the machine's RAM, or the
   cgroup's limit when lower) divided by the activations one position keeps for the backward,
-  `activation_bytes_per_token` (`bytes x layers x (6 x hidden + 4 x intermediate)`: 1.1 MiB for
-  SmolLM2-135M in float32, the slope measured between the 64- and 512-token runs of
-  docs/performance.md; the total memory, not the free memory, so that the budget of a run does
-  not change when it resumes on the same machine);
-- what keeps the device busy: on a CPU, 2,048 positions (a forward and backward per position
-  costs the same from ~1,000 positions up, bench/lengths.py --budgets); on a GPU 16,384, verl's
-  default `ppo_max_token_len_per_gpu`.
+  `activation_bytes_per_token` (`bytes x layers x 6 x (hidden + intermediate)`: 1.45 MiB for
+  SmolLM2-135M in float32, where `bench/lengths.py --budgets` measured 1.48 MiB per position
+  between 2,048 and 4,096; the total memory, not the free memory, so that the budget of a run
+  does not change when it resumes on the same machine);
+- what keeps the device busy: on a CPU, 2,048 positions (a forward and backward costs 4.8-5.6 ms
+  per position from 512 to 4,096 positions, least at 2,048, and 6.1 at 8,192 on AMD EPYC:
+  bench/lengths.py --budgets); on a GPU 16,384, verl's default `ppo_max_token_len_per_gpu`.
 
 It is rounded down to a multiple of 256 and is at least 256. A row longer than the budget is a
 micro-batch of its own. Every forward that trains or scores uses the same budget (policy update,
@@ -37,12 +37,13 @@ ROUND = 256
 
 def activation_bytes_per_token(config, dtype: torch.dtype) -> int:
     """Bytes one position keeps for the backward in a decoder of `config`'s shape: per layer
-    about 6 hidden-size vectors (norm inputs, q/k/v/o, residual) and 4 intermediate-size ones
-    (gate, up, their product, the down projection's input), in the weights' dtype."""
+    about 6 hidden-size vectors (norm inputs, q/k/v/o, residual) and 6 intermediate-size ones
+    (gate, up, their activations and product, the down projection's input, the backward's
+    buffers), in the weights' dtype. Fitted to the measurement (module docstring)."""
     hidden = config.hidden_size
     inter = getattr(config, "intermediate_size", None) or 4 * hidden
     size = torch.empty((), dtype=dtype).element_size()
-    return size * config.num_hidden_layers * (6 * hidden + 4 * inter)
+    return size * config.num_hidden_layers * 6 * (hidden + inter)
 
 
 def device_memory(device: torch.device) -> int:
