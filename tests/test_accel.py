@@ -407,7 +407,13 @@ def loss_and_grads(model, share_prompt: bool):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("share_prompt", [False, True])
-def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt):
+@pytest.mark.parametrize("expand", [False, True], ids=["native_gqa", "repeated_kv"])
+def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt, expand, monkeypatch):
+    """Both attention layouts: native GQA (a CPU's), and the key/value heads repeated (what a
+    GPU runs where a mask or float32 rule out the GQA kernels: `expand_kv_heads`)."""
+    from reasonrl.accel import kernels
+
+    monkeypatch.setattr(kernels, "expand_kv_heads", lambda query, mask: expand)
     model, tokenizer = tiny
     base = copy.deepcopy(model) if arch == "llama" else tiny_qwen2(tokenizer)
     base.train()

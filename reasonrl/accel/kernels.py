@@ -188,6 +188,16 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return additive
 
 
+def expand_kv_heads(query: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Whether to repeat the key/value heads (transformers' `repeat_kv`) instead of native GQA.
+    On CUDA only flash attention and the math kernel take grouped-query heads; flash takes
+    neither a mask nor float32, and the math kernel keeps the [heads, L, L] probabilities for
+    the backward (an H100, SmolLM2-135M fp32, 16 rows of up to 1,174 positions: 35.7 GiB peak).
+    The memory-efficient kernel takes masks and float32 but needs as many key/value heads as
+    query heads: there they are repeated. On a CPU native GQA runs in the fused kernel."""
+    return query.is_cuda and (attention_mask is not None or query.dtype == torch.float32)
+
+
 def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                        scaling: float | None = None, is_causal: bool | None = None, **kwargs):
     """transformers' `sdpa_attention_forward` (same mask and causal rules) with native
@@ -196,6 +206,9 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout: float
     is_causal = query.shape[2] > 1 and attention_mask is None and is_causal
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = _additive(attention_mask, query.dtype)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and expand_kv_heads(query, attention_mask):
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=is_causal,
                                          enable_gqa=query.shape[1] != key.shape[1])
