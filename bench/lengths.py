@@ -190,7 +190,7 @@ def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path
                 worker = PolicyWorker(model, 0, PolicySettings(optim=optim, max_response_length=length))
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
-                times, metrics = [], {}
+                times = []
                 name = {0: f"auto ({worker.learner.max_tokens})", -1: "none (rows only)"}.get(
                     budget, str(budget))
                 try:
@@ -198,7 +198,7 @@ def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path
                         if dev.type == "cuda":
                             torch.cuda.synchronize(dev)
                         start = time.perf_counter()
-                        metrics = worker.train_step(TrainBatch(prompt_ids, completion_ids, advantages))
+                        worker.train_step(TrainBatch(prompt_ids, completion_ids, advantages))
                         if dev.type == "cuda":
                             torch.cuda.synchronize(dev)
                         times.append(time.perf_counter() - start)
@@ -212,9 +212,12 @@ def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path
                 seconds = statistics.median(times[1:])
                 peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
-                mbs = metrics.get("train/micro_batches", float("nan"))
+                layout = worker.learner.micro_batches(prompt_ids, completion_ids)
+                positions = sum(mb.input_ids.numel() + (0 if mb.prompts is None else mb.prompts.numel())
+                                for mb in layout)
                 print(f"| {dtype} | {length} | {name} | {sum(sizes)} | {seconds:.3f} "
-                      f"| {sum(sizes) / seconds:.0f} | {mbs:.0f} | {peak:.2f} GiB |", flush=True)
+                      f"| {sum(sizes) / seconds:.0f} | {len(layout)} ({positions} positions) "
+                      f"| {peak:.2f} GiB |", flush=True)
                 del worker, model
                 release(dev)
 

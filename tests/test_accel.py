@@ -511,7 +511,7 @@ def test_config_switches_reach_the_engine_and_the_worker(tiny):
         assert worker.learner.accel.kernels == expected
 
 
-def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):
+def test_free_memory_is_released_before_each_updates_first_backward(tiny, monkeypatch):
     from helpers import policy_settings
 
     from reasonrl.accel import memory
@@ -523,7 +523,10 @@ def test_free_memory_is_released_before_each_backward(tiny, monkeypatch):
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
     model, _ = tiny
     worker = PolicyWorker(copy.deepcopy(model), 0, policy_settings(micro_batch_size=2))
-    prompt_ids, completion_ids = grouped_rows()  # 6 rows: 3 micro-batches of 2
+    prompt_ids, completion_ids = grouped_rows()  # 6 rows: 3 micro-batches of 2, one update
+    worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.randn(6)))
+    assert len(calls) == 1
+    worker.learner.mini_batches = 2  # two updates: one release each
     worker.train_step(TrainBatch(prompt_ids, completion_ids, torch.randn(6)))
     assert len(calls) == 3
 

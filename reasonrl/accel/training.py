@@ -42,7 +42,10 @@ class TrainingAccel:
         return memory.attach_gradient_buffer(self.params) if self.flat else None
 
     def before_backward(self) -> None:
-        """On CPU the forward's freed temporaries go back before the backward allocates."""
+        """On CPU the forward's freed temporaries go back before the backward allocates. The
+        learner calls it before an update's first backward only: once per micro-batch cost 11 %
+        of a 3-micro-batch update's time (the pages are faulted in again each time) for 0.27 GiB
+        less peak (SmolLM2-135M, 16 rows of up to 256 new tokens, budget 2,048, AMD EPYC)."""
         if self.cpu:
             memory.release_free_memory()
 

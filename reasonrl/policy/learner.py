@@ -156,9 +156,10 @@ class Learner:
         total = 0.0
         micro_batches = self.strategy.micro_batches(self.micro_batches, prompt_ids, completion_ids,
                                                     token_masks)
-        for mb in micro_batches:
+        for k, mb in enumerate(micro_batches):
             loss, found = objective(mb.to(self.device))
-            self.accel.before_backward()
+            if k == 0:  # the later micro-batches (at most the token budget each) reuse the freed pages
+                self.accel.before_backward()
             loss.backward()
             total += loss.item()
             merge(metrics, found)
