@@ -213,8 +213,7 @@ def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path
                 peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
                 layout = worker.learner.micro_batches(prompt_ids, completion_ids)
-                positions = sum(mb.input_ids.numel() + (0 if mb.prompts is None else mb.prompts.numel())
-                                for mb in layout)
+                positions = sum(mb.computed_tokens for mb in layout)
                 print(f"| {dtype} | {length} | {name} | {sum(sizes)} | {seconds:.3f} "
                       f"| {sum(sizes) / seconds:.0f} | {len(layout)} ({positions} positions) "
                       f"| {peak:.2f} GiB |", flush=True)

@@ -14,6 +14,7 @@ import torch
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig, load_config
 from reasonrl.policy.forward import make_micro_batches
+from reasonrl.policy.learner import LAYOUT_METRICS
 from reasonrl.policy.worker import PolicySettings
 
 # LoRA needs the `lora` extra (peft; in `dev`, absent from `make test-bare`)
@@ -129,8 +130,6 @@ def smoke_cfg(out: Path, name: str, *overrides: str):
 def metrics(run: Path) -> list[dict]:
     """A run's metrics that two placements of the same run share: not the times, the memory,
     nor how the rows were laid out in micro-batches (a rank's, or an actor's plain layout)."""
-    from reasonrl.policy.learner import LAYOUT_METRICS
-
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items()
              if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"

@@ -405,6 +405,31 @@ def loss_and_grads(model, share_prompt: bool):
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def test_repeated_key_value_heads_serve_each_query_head_its_own_group(monkeypatch):
+    """4 query heads over 2 key/value heads: heads 0-1 read kv head 0, heads 2-3 kv head 1,
+    whether SDPA groups them (native GQA) or the kv heads are repeated (`expand_kv_heads`, a
+    GPU's path with a mask or float32); with a padding mask, values and gradients."""
+    from reasonrl.accel import kernels
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(2, 2, 5, 8, generator=gen, requires_grad=True) for _ in range(2))
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    mask[1, :, :, 0] = False  # row 1's first position is padding
+    mask[1, :, 0, 0] = True   # (it still sees itself: no empty softmax)
+    out = {}
+    for expand in (False, True):
+        monkeypatch.setattr(kernels, "expand_kv_heads", lambda query, m, e=expand: e)
+        o, _ = kernels.gqa_sdpa_attention(None, q, k, v, mask, is_causal=False)
+        out[expand] = (o, *torch.autograd.grad(o.square().sum(), (q, k, v)))
+    for a, b in zip(out[False], out[True], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # and head 3 reads kv head 1: the repeat is per group (repeat_interleave), not tiled
+    direct = torch.softmax((q[:, 3] @ k[:, 1].transpose(-1, -2)) / 8**0.5
+                           + torch.zeros(2, 5, 5).masked_fill(~mask[:, 0], float("-inf")), -1) @ v[:, 1]
+    torch.testing.assert_close(out[True][0][:, :, 3], direct, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("share_prompt", [False, True])
 @pytest.mark.parametrize("expand", [False, True], ids=["native_gqa", "repeated_kv"])

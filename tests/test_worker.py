@@ -75,8 +75,9 @@ def test_a_token_budget_bounds_every_micro_batch(share_prompt, budget):
     assert sorted(r for mb in mbs for r in mb.rows) == [0, 1, 2, 3]
     for mb in mbs:
         assert len(mb.rows) <= 3
+        # the tensors' size, counted from the shapes, is the layout's count from the lengths
         positions = mb.input_ids.numel() + (0 if mb.prompts is None else mb.prompts.numel())
-        assert positions == layout_tokens(PROMPTS, COMPLETIONS, mb.rows, share_prompt)
+        assert positions == mb.computed_tokens == layout_tokens(PROMPTS, COMPLETIONS, mb.rows, share_prompt)
         assert positions <= budget or len(mb.rows) == 1
 
 
@@ -101,6 +102,30 @@ def test_shared_prompt_budget_orders_by_completion_length_when_that_runs_fewer_p
     # without the budget (or one the rows cap reaches first) the prompt order stays
     assert [mb.rows for mb in make_micro_batches(prompts, completions, size=2, pad_id=0,
                                                  share_prompt=True, max_tokens=1000)] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("share_prompt", [False, True], ids=["plain", "shared_prompt"])
+def test_the_greedy_cut_is_its_definition_on_random_rows(share_prompt):
+    """`micro_batch_rows` keeps the open chunk's size row by row; it must cut exactly where the
+    definition does: before a row whose chunk would pass the row cap or `layout_tokens` > budget."""
+    from reasonrl.policy.forward import micro_batch_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        n = int(torch.randint(1, 25, (1,), generator=gen))
+        groups = [[7] * int(torch.randint(1, 9, (1,), generator=gen)) + [trial, g] for g in range(4)]
+        prompts = [groups[int(torch.randint(0, 4, (1,), generator=gen))] for _ in range(n)]
+        completions = [[5] * int(torch.randint(1, 30, (1,), generator=gen)) for _ in range(n)]
+        size = int(torch.randint(1, 9, (1,), generator=gen))
+        budget = int(torch.randint(0, 120, (1,), generator=gen))
+        chunks = micro_batch_rows(prompts, completions, size, share_prompt, budget)
+        assert sorted(r for c in chunks for r in c) == list(range(n))
+        for k, chunk in enumerate(chunks):
+            tokens = layout_tokens(prompts, completions, chunk, share_prompt)
+            assert len(chunk) <= size and (budget == 0 or len(chunk) == 1 or tokens <= budget)
+            if k + 1 < len(chunks):  # closed because the next row would not fit
+                grown = layout_tokens(prompts, completions, chunk + chunks[k + 1][:1], share_prompt)
+                assert len(chunk) == size or grown > budget > 0
 
 
 def test_layout_metrics_count_micro_batches_and_padding():

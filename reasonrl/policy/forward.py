@@ -51,6 +51,20 @@ class MicroBatch:
     prompt_mask: torch.Tensor | None = None  # shared: [U, P]
     prompt_of_row: torch.Tensor | None = None  # shared: [M] long, row -> its prompt in `prompts`
 
+    @property
+    def computed_tokens(self) -> int:
+        """Positions this micro-batch runs through the model, padding included
+        (`layout_tokens` of its rows): what the token budget bounds."""
+        return self.input_ids.numel() + (0 if self.prompts is None else self.prompts.numel())
+
+    @property
+    def real_tokens(self) -> int:
+        """The computed positions that are not padding."""
+        if self.prompts is None:
+            return int(self.attention_mask.sum())
+        # the distinct prompts once, then each row's completion inputs
+        return int(self.prompt_mask.sum()) + int(self.attention_mask[:, self.prompts.size(1):].sum())
+
     def to(self, device: torch.device) -> MicroBatch:
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
                                             for f in dataclasses.fields(self)
@@ -105,14 +119,26 @@ def micro_batch_rows(prompt_ids: list[list[int]], completion_ids: list[list[int]
     """The rows of each micro-batch (`make_micro_batches`): the rows in layout order, cut
     greedily where the next row would pass `size` rows or `max_tokens` positions."""
     def cut(order: list[int]) -> list[list[int]]:
-        chunks: list[list[int]] = [[]]
+        # the open chunk's `layout_tokens` kept row by row: its longest row (prompt + completion,
+        # or the completion's inputs), and for a shared prompt its distinct prompts and the widest
+        chunks: list[list[int]] = []
+        chunk: list[int] = []
+        longest = width = 0
+        distinct: set[tuple[int, ...]] = set()
         for i in order:
-            chunk = chunks[-1]
-            if chunk and (len(chunk) == size or (max_tokens > 0 and layout_tokens(
-                    prompt_ids, completion_ids, chunk + [i], share_prompt) > max_tokens)):
-                chunks.append(chunk := [])
+            p, c = prompt_ids[i], completion_ids[i]
+            row = len(c) - 1 if share_prompt else len(p) + len(c)
+            key = tuple(p) if share_prompt else ()
+            tokens = (len(chunk) + 1) * max(longest, row)
+            if share_prompt:
+                tokens += (len(distinct) + (key not in distinct)) * max(width, len(p))
+            if chunk and (len(chunk) == size or 0 < max_tokens < tokens):
+                chunks.append(chunk)
+                chunk, longest, width, distinct = [], 0, 0, set()
             chunk.append(i)
-        return [c for c in chunks if c]
+            longest, width = max(longest, row), max(width, len(p))
+            distinct.add(key)
+        return chunks + [chunk] if chunk else chunks
 
     rows = range(len(prompt_ids))
     if not share_prompt:  # by total length: per-length groups, little padding

@@ -180,19 +180,13 @@ class Learner:
 
     @staticmethod
     def layout_metrics(micro_batches: list[MicroBatch]) -> dict[str, Metric]:
-        """This process's micro-batches per update, the most positions one ran through the model
-        (what the token budget bounds) and the share of the positions that were padding."""
-        sizes, real = [], 0
-        for mb in micro_batches:
-            if mb.prompts is None:
-                sizes.append(mb.input_ids.numel())
-                real += int(mb.attention_mask.sum())
-            else:  # the distinct prompts once, then each row's completion inputs
-                sizes.append(mb.prompts.numel() + mb.input_ids.numel())
-                real += int(mb.prompt_mask.sum()) + int(mb.attention_mask[:, mb.prompts.size(1):].sum())
-        return {"micro_batches": Metric(float(len(micro_batches)), "mean"),
-                "micro_batch_tokens_max": Metric(float(max(sizes, default=0)), "max", 0.0),
-                "pad_fraction": Metric(1.0 - real / max(sum(sizes), 1), "mean")}
+        """`LAYOUT_METRICS`: this process's micro-batches per update, the most positions one ran
+        through the model (what the token budget bounds) and the share of them that was padding."""
+        computed = [mb.computed_tokens for mb in micro_batches]
+        real = sum(mb.real_tokens for mb in micro_batches)
+        return dict(zip(LAYOUT_METRICS, (Metric(float(len(micro_batches)), "mean"),
+                                         Metric(float(max(computed, default=0)), "max", 0.0),
+                                         Metric(1.0 - real / max(sum(computed), 1), "mean")), strict=True))
 
     # ---- checkpoint state (the weights travel separately) ----------------------------------
 
