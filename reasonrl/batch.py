@@ -192,7 +192,7 @@ class TrainBatch:
     completion_ids: list[list[int]]
     advantages: torch.Tensor  # [N] float, one per completion; [N, T] per token (a critic's GAE)
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
-    sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, TIS)
+    sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, IS)
     # per row, aligned with completion_ids: 1 on model tokens (loss, KL, entropy), 0 on the
     # environment's (context only); None = every completion token is the model's
     token_mask: list[list[int]] | None = None

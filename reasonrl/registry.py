@@ -90,6 +90,8 @@ class Registry:
 ADVANTAGES = Registry("algo.advantage", "reasonrl.algo.advantages", "reasonrl.algo.gae")
 POLICY_LOSSES = Registry("algo.policy_loss", "reasonrl.algo.policy_loss")
 RATIO_LEVELS = Registry("algo.ratio_level", "reasonrl.algo.policy_loss")
+IMPORTANCE_CORRECTIONS = Registry("algo.importance_correction", "reasonrl.algo.importance")
+IMPORTANCE_LEVELS = Registry("algo.importance_level", "reasonrl.algo.importance")
 LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.aggregation")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl")
 VALUE_LOSSES = Registry("critic.value_loss", "reasonrl.algo.value_loss")

@@ -24,7 +24,8 @@ def test_the_objective_composes_tis_entropy_and_kl_around_the_loss():
     KL = (0.5 + 0.5) / 4 = 0.25; loss = pg - 0.1 * 1 + 0.5 * 0.25 = -0.908940."""
     logp = torch.tensor(LOGP, requires_grad=True)
     entropy = torch.tensor([[1.0, 3.0, 9.0]])
-    settings = LossSettings(entropy_coef=0.1, beta=0.5, kl_estimator="k1", tis_cap=1.5)
+    settings = LossSettings(entropy_coef=0.1, beta=0.5, kl_estimator="k1", importance_correction="tis",
+                            importance_cap=1.5)
     loss, m = policy_objective(logp, logp.detach(), torch.tensor([2.0]), MASK, settings, STEP, entropy,
                                ref_logp=torch.tensor([[-1.5, -2.5, 7.0]]),
                                engine_logp=torch.tensor([[-1.5, -1.0, 3.0]]))
@@ -33,7 +34,7 @@ def test_the_objective_composes_tis_entropy_and_kl_around_the_loss():
     assert values == pytest.approx({
         "loss": -0.908940, "pg_loss": -0.933940, "entropy": 1.0, "kl": 0.25,
         "logprob_diff_mean": (0.5 + 1.0) / 4, "logprob_diff_max": 1.0,
-        "tis_weight_mean": (1.5 + math.exp(-1)) / 4, "tis_capped_frac": 0.25,
+        "is_weight_mean": (1.5 + math.exp(-1)) / 4, "is_capped_frac": 0.25,
         "clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.5, "ratio_max": 1.0, "ratio_min": 1.0},
         abs=1e-6)
     # shares add over micro-batches and ranks; extremes are extremes

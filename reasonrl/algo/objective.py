@@ -1,10 +1,11 @@
 """The objective of one micro-batch: what the learner differentiates, on one screen.
 
 The policy's is the chosen policy loss (`algo.policy_loss`, `reasonrl.algo.policy_loss`)
-weighted by truncated importance sampling, aggregated (`algo.loss_agg`), minus the entropy
-bonus, plus the KL term; the critic's the chosen value loss, a token mean. As in
-nano-aha-moment's `compute_pg_loss` and OpenRLHF's `loss.py`, the whole objective lives
-outside the worker, which only runs forward -> objective -> backward.
+weighted by the off-policy correction (`algo.importance_correction`, `reasonrl.algo.importance`),
+aggregated (`algo.loss_agg`), minus the entropy bonus, plus the KL term; the critic's the
+chosen value loss, a token mean. As in nano-aha-moment's `compute_pg_loss` and OpenRLHF's
+`loss.py`, the whole objective lives outside the worker, which only runs forward -> objective
+-> backward.
 
 Every normaliser is a total over the whole optimizer step (`Totals`), never the micro-batch:
 each micro-batch returns its share, and the shares add up to the full-batch loss (and its
@@ -19,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from reasonrl.algo.aggregation import aggregate
-from reasonrl.algo.importance import truncated_importance_weights
+from reasonrl.algo.importance import importance_weights
 from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.policy_loss import LossSettings
 from reasonrl.algo.value_loss import ValueLossSettings
-from reasonrl.registry import POLICY_LOSSES, VALUE_LOSSES
+from reasonrl.registry import IMPORTANCE_CORRECTIONS, POLICY_LOSSES, VALUE_LOSSES
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,13 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     rollout engine's, when it reports them) [M, T] detached; `advantages` [M] or [M, >= T];
     `entropy` [M, T] (with gradient only when the bonus is on).
 
-        loss = agg(policy_loss * w_TIS) - entropy_coef * agg(H) + beta * agg(KL)   (kl_in=loss)
+        loss = agg(policy_loss * w) - entropy_coef * agg(H) + beta * agg(KL)   (kl_in=loss)
 
-    w_TIS = min(pi_old / pi_engine, tis_cap) (`truncated_importance_weights`, Yao et al. 2025);
-    the entropy bonus is the classic PPO one (Schulman et al. 2017, eq. 9); the KL term is
-    GRPO's (Shao et al. 2024, eq. 3) with `algo.kl_estimator`. train/kl is logged whenever
+    w is the off-policy correction's weight of rho = pi_old / pi_engine (`algo.importance_correction`,
+    an `IMPORTANCE_CORRECTIONS` entry: tis, mis, decoupled; with `none`, the default, or without
+    engine log-probs there is no w at all, so the loss is bitwise the uncorrected one); the
+    entropy bonus is the classic PPO one (Schulman et al. 2017, eq. 9); the KL term is GRPO's
+    (Shao et al. 2024, eq. 3) with `algo.kl_estimator`. train/kl is logged whenever
     there is a reference, whatever `beta` and `kl_in` are."""
     def agg(per_token: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, s.loss_agg, totals.tokens, totals.sequences,
@@ -91,11 +94,10 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         diff = (engine_logp - old_logp).abs()
         metrics["logprob_diff_mean"] = Metric(token_share(diff, mask, totals))
         metrics["logprob_diff_max"] = Metric((diff * mask).max().item(), "max")
-        if s.tis_cap > 0:
-            weight = truncated_importance_weights(old_logp, engine_logp, s.tis_cap)
+        if not IMPORTANCE_CORRECTIONS[s.importance_correction].info.get("off", False):
+            weight, is_stats = importance_weights(old_logp, engine_logp, mask, s)
             per_token = per_token * weight
-            metrics["tis_weight_mean"] = Metric(token_share(weight, mask, totals))
-            metrics["tis_capped_frac"] = Metric(token_share(weight >= s.tis_cap, mask, totals))
+            metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in is_stats.items()})
     loss = pg_loss = agg(per_token)
     if s.entropy_coef != 0:
         loss = loss - s.entropy_coef * agg(entropy)

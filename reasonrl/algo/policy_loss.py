@@ -42,7 +42,10 @@ class LossSettings:
     beta: float = 0.0
     kl_estimator: str = "k3"
     kl_in: str = "loss"
-    tis_cap: float = 0.0
+    importance_correction: str = "none"
+    importance_level: str = "token"
+    importance_cap: float = 2.0
+    importance_floor: float = 0.5
 
     @classmethod
     def of(cls, algo) -> LossSettings:

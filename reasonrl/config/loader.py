@@ -137,6 +137,20 @@ def _check(value: Any, meta: Any, path: str) -> None:
 MOVED = {"rollout.eval_max_new_tokens": "eval.max_new_tokens"}  # keys that moved: old -> new
 
 
+def _tis_cap(value: Any) -> str | None:
+    """What replaces `algo.tis_cap` (truncated IS, now one of the off-policy corrections); None
+    for 0, which was off as the default algo.importance_correction=none is: a run's saved
+    config.yaml from before still loads (and resumes)."""
+    if value == 0:
+        return None
+    return f"set algo.importance_correction=tis algo.importance_cap={value!r}"
+
+
+# keys that are gone: old -> what to set instead, from the old value (None: the old value is the
+# new default, and the key is dropped)
+REPLACED = {"algo.tis_cap": _tis_cap}
+
+
 def _build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -146,6 +160,11 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
         if full in MOVED:
             raise ConfigError(f"{full} is now {MOVED[full]} (with the other evaluation settings): "
                               f"set {MOVED[full]}={value!r}")
+        if full in REPLACED:
+            if (instead := REPLACED[full](value)) is None:
+                continue
+            raise ConfigError(f"{full} was replaced by the off-policy corrections (docs/algorithms.md): "
+                              f"{instead}")
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
