@@ -394,7 +394,11 @@ def test_token_in_token_out_hf(tiny):
     r = RolloutWorker(engine, tokenizer, env=environment_spec(cfg)).rollout(
         EXAMPLES, SamplingParams(n=2, max_new_tokens=16))
     check_token_in_token_out(r, sampled, tokenizer, tokenizer.pad_token_id)
-    assert r.sampler_logprobs is None  # the HF engine reports none
+    # the HF engine's log-probs: one per completion id, finite and < 0 on the model's, 0 on the env's
+    for logp, mask in zip(r.sampler_logprobs, r.token_mask, strict=True):
+        keep = torch.tensor(mask, dtype=torch.bool)
+        assert logp.shape == (len(mask),) and bool((logp[~keep] == 0).all())
+        assert bool(torch.isfinite(logp).all()) and bool((logp[keep] < 0).all())
     # the same seeds give the same episodes, whatever else is in the batch (per-episode seeds)
     torch.manual_seed(0)
     seeds = torch.randint(0, SEED_BOUND, (2,)).tolist()

@@ -75,7 +75,9 @@ def check_invariants(rollouts, tokenizer, examples, n, max_new_tokens):
     assert rollouts.prompt_ids == [p for p in worker_prompts for _ in range(n)]
     assert all(r is examples[i // n] for i, r in enumerate(rollouts.examples))
     assert rollouts.truncated.dtype == torch.bool
-    assert rollouts.sampler_logprobs is None
+    # the sampled tokens' log-probs (the HF engine's, `reasonrl.rollout.hf`): one per id, <= 0
+    assert [len(x) for x in rollouts.sampler_logprobs] == [len(c) for c in rollouts.completion_ids]
+    assert all(bool((x <= 0).all()) and bool(torch.isfinite(x).all()) for x in rollouts.sampler_logprobs)
     for ids, truncated, text in zip(rollouts.completion_ids, rollouts.truncated.tolist(),
                                     rollouts.texts, strict=True):
         assert 1 <= len(ids) <= max_new_tokens

@@ -1,6 +1,6 @@
 """The `rollout.engine` registry: each entry builds an engine from the policy's model.
 
-`logprobs`: the engine reports the sampler's per-token log-probs (`algo.tis_cap` needs
+`logprobs`: the engine reports the sampler's per-token log-probs (`algo.importance_correction` needs
 them). `missing`: a function saying why the engine cannot run here (a missing extra), or
 None. `machine_gpus`: a function of the `rollout` section giving (the GPUs one engine needs
 on a single machine, the key that asks for them), (0, "") for none in particular: placement
@@ -44,10 +44,12 @@ def vllm_max_model_len(options: RolloutConfig) -> tuple[int, str]:
     return options.vllm.max_model_len, "rollout.vllm.max_model_len"
 
 
-@ENGINES.register("hf", logprobs=False, missing=lambda: None, machine_gpus=no_machine_gpus,
+@ENGINES.register("hf", logprobs=True, missing=lambda: None, machine_gpus=no_machine_gpus,
                   tensor_parallel=False, max_model_len=no_max_model_len)
 def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
-    """transformers: generation with the policy's own model (shared when colocated)"""
+    """transformers: generation with the policy's own model (shared when colocated); its
+    log-probs are the policy worker's quantity (temperature applied, no top-k / top-p
+    renormalisation; `reasonrl.rollout.hf`)"""
     return HFEngine(model, tokenizer, decoder=options.hf_decoder, reuse_kv=options.hf_reuse_kv)
 
 

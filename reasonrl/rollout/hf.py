@@ -25,6 +25,22 @@ Works on any causal LM transformers loads, on CPU and GPU. What it does that
   trajectory. The logits are those of a full prefill up to float rounding (tested); the
   transformers-modules decoder re-prefills.
 
+Log-probs (`Generation.logprobs`): for each sampled token, log softmax(logits / temperature)
+at that token, in float32 (`token_logprobs`): the quantity the policy worker computes for the
+same completion (`reasonrl.policy.forward.completion_logprobs` at `rollout.temperature`: the
+temperature applied, no top-k / top-p renormalisation). On-policy, the ratio
+exp(trainer - engine) is then 1 up to float rounding (two kernels: this decoder's forward and
+the training forward), so `train/logprob_diff_*` and the IS corrections' weights measure only the
+train/inference mismatch (kernels, weights not yet pushed), never the sampler's filtering. The
+distribution actually sampled from also applies top-k / top-p; vLLM reports that one
+(`logprobs_mode="processed_logprobs"`): with filtering, a token's log-prob there is the one
+here plus -log(the kept probability mass), never smaller, so the two engines agree exactly
+when top_k = 0 and top_p = 1 (the defaults). Cost: the logits are scaled once, for both the
+sampler and the log-probs, and each step adds one logsumexp and a gather over the active rows
+into a preallocated [rows, max_new_tokens] tensor (2 % of decode time or less, measured in
+docs/performance.md's shape). Greedy decoding (evaluation) reports None, as vLLM's engine does:
+no training step reads its rows, and it saves the work.
+
 When the engine shares the policy's model object (colocated in one process, the default),
 `load_weights` recognises the shared storage and copies nothing; given another model it
 copies the tensors in.
@@ -75,6 +91,13 @@ def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return index.clamp_(max=logits.size(-1) - 1)  # u * total rounding up onto the last edge
 
 
+def token_logprobs(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B] float32 log softmax(`scaled`)[b, tokens[b]] of `scaled` [B, V], the float32 logits
+    divided by the temperature and not filtered: what the policy worker's log-probs of the
+    completion are (see the module docstring). One logsumexp and one gather."""
+    return scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+
+
 class HFEngine:
     """Generation with the transformers model (any causal LM, CPU or GPU). `decoder` is
     `rollout.hf_decoder`: `auto` (the fastest measured here), `lean_mkl`, `lean` or
@@ -123,15 +146,17 @@ class HFEngine:
         # greedy samples of a prompt are all the same: each prompt was decoded once
         copies = params.n if params.greedy else 1
         completions, truncated = [], []
-        for ids, done in rows:
+        for ids, done, _ in rows:
             completions += [list(ids) for _ in range(copies)]
             truncated += [not done] * copies
-        return Generation(completion_ids=completions, truncated=truncated)
+        logprobs = None if params.greedy else [logp for _, _, logp in rows]
+        return Generation(completion_ids=completions, truncated=truncated, logprobs=logprobs)
 
     @torch.inference_mode()
     def _decode(self, prompt_ids: list[list[int]], params: SamplingParams,
-                seeds: list[int] | None) -> list[tuple[list[int], bool]]:
-        """(completion ids up to and including EOS or a stop string, ended so) per row, prompt-major."""
+                seeds: list[int] | None) -> list[tuple[list[int], bool, torch.Tensor | None]]:
+        """(completion ids up to and including EOS or a stop string, ended so, their log-probs
+        [len] on the CPU or None when greedy) per row, prompt-major."""
         device = next(self.model.parameters()).device
         samples = 1 if params.greedy else params.n
         self.last_path, _ = self.decode_path(len(prompt_ids) * samples)
@@ -172,9 +197,12 @@ class HFEngine:
     def _sample(self, decoder: accel.Decoder, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                 samples: int, device: torch.device, seeds: list[int] | None,
                 past: list[torch.Tensor] | None = None,
-                exported: dict[int, torch.Tensor] | None = None) -> list[tuple[list[int], bool]]:
-        """Sample from `decoder` after prefilling `ids` (after each row's `past` cache, if any).
-        `exported`, if given, receives the KV cache of each row that ends, by row."""
+                exported: dict[int, torch.Tensor] | None = None
+                ) -> list[tuple[list[int], bool, torch.Tensor | None]]:
+        """Sample from `decoder` after prefilling `ids` (after each row's `past` cache, if any):
+        per row, its ids, whether it ended (EOS or a stop string), and the sampled tokens'
+        log-probs (`token_logprobs`; None when greedy). `exported`, if given, receives the KV
+        cache of each row that ends, by row."""
         uniform = None
         if not params.greedy:  # [rows, max_new_tokens]: row p * samples + s is sample s of prompt p
             uniform = torch.cat([torch.rand(samples, params.max_new_tokens,
@@ -191,12 +219,20 @@ class HFEngine:
         # a row's length is set when it ends with EOS; rows that never do end at the limit
         lengths = torch.full((n_rows,), params.max_new_tokens, dtype=torch.long, device=device)
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
+        logprobs = None
+        if not params.greedy:  # filled like `tokens`: row r's first lengths[r] entries are read
+            logprobs = torch.zeros((n_rows, params.max_new_tokens), dtype=torch.float32, device=device)
         for t in range(params.max_new_tokens):
             if params.greedy:
                 nxt = logits.argmax(dim=-1)
             else:
-                filtered = filter_logits(logits, params.temperature, params.top_k, params.top_p)
+                # scaled once, for the sampler (what filter_logits would do first) and the log-probs
+                scaled = logits.float()
+                if params.temperature != 1.0:
+                    scaled = scaled / params.temperature
+                filtered = filter_logits(scaled, 1.0, params.top_k, params.top_p)
                 nxt = sample_tokens(filtered, uniform[active, t])
+                logprobs[active, t] = token_logprobs(scaled, nxt)
             tokens[active, t] = nxt
             done = torch.isin(nxt, eos)
             if params.stop:
@@ -217,7 +253,10 @@ class HFEngine:
                 break
             logits = decoder.step(nxt)
         tokens, lengths, finished = tokens.tolist(), lengths.tolist(), finished.tolist()
-        return [(tokens[r][: lengths[r]], finished[r]) for r in range(n_rows)]
+        if logprobs is not None:
+            logprobs = logprobs.cpu()
+        return [(tokens[r][: lengths[r]], finished[r],
+                 None if logprobs is None else logprobs[r, : lengths[r]].clone()) for r in range(n_rows)]
 
     def _stop_hits(self, tokens: torch.Tensor, active: torch.Tensor, t: int,
                    stop: tuple[str, ...]) -> torch.Tensor:
