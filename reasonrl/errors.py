@@ -69,6 +69,11 @@ class WeightSyncError(RuntimeError):
     """The rollout engine does not serve the policy's weights after a push."""
 
 
+class ProducerError(RuntimeError):
+    """The rollout process of asynchronous training (trainer.max_staleness > 0) failed or exited;
+    the message holds its traceback."""
+
+
 class PlacementError(RuntimeError):
     """A worker could not be placed, or did not answer in time; the message names the
     worker, what it was doing and the resources it asks for."""

@@ -220,7 +220,7 @@ class RunDir:
                 for name in LOGS}
 
     def save(self, step: int, policy, tokenizer, state: dict, merged: bool, keep_last: int,
-             critic=None) -> Path:
+             critic=None, extra: dict | None = None) -> Path:
         """checkpoints/step_N (layout in `reasonrl.checkpoint`), then the oldest beyond
         `keep_last` go (never the newest good one). Call after the step's metrics and samples
         are logged. Non-finite weights end the run (`TrainingAborted`, nothing written)."""
@@ -228,7 +228,7 @@ class RunDir:
         try:
             write_checkpoint(target, policy, tokenizer, {**state, "step": step,
                                                          "offsets": self.log_offsets()},
-                             merged=merged, critic=critic)
+                             merged=merged, critic=critic, extra=extra)
         except NonFiniteWeights as err:
             raise TrainingAborted(f"{err}; stopping. Lower optim.lr or check the rewards; the last good "
                                   f"checkpoint is {self.last_good() or 'none'}") from err

@@ -4,7 +4,9 @@ One step, top to bottom (`Trainer.step`), each stage one named, timed call:
     prompts -> rollout (G samples each) -> rewards -> reference log-probs (and the KL in the
     reward) and critic values (the forwards, when used) -> advantages (pure) -> critic update
     -> policy update -> sync
-then metrics, samples, held-out eval and checkpoints (`Trainer.fit`).
+then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). With
+`trainer.max_staleness` > 0 the first two stages run ahead in the rollout process
+(`reasonrl.producer`), on batches of older policy versions, and the step takes its batch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
 from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
+from reasonrl.producer import Producer, load_in_flight, split_threads, version_for
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
@@ -91,7 +94,10 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
-        torch.set_num_threads(t.threads or os.cpu_count() or 1)
+        if t.max_staleness > 0:  # the rollout process runs beside: the cores are shared out
+            torch.set_num_threads(split_threads(t.threads, r.threads)[0])
+        else:
+            torch.set_num_threads(t.threads or os.cpu_count() or 1)
         self.train_examples, self.held_out = load_examples(cfg.data, t.seed)
         if t.epochs > 0:
             self.cfg = cfg = with_epochs(cfg, len(self.train_examples))
@@ -127,6 +133,8 @@ class Trainer:
         self.bad_reason = ""  # what made the last bad step bad
         self.reward_failures = FailureLog()
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
+        self.producer: Producer | None = None  # trainer.max_staleness > 0: started by the first step
+        self.in_flight: dict | None = None  # the batches in flight the checkpoint resumed from kept
         self.stop = StopSignals(lambda: f"step {self.step_count + 1}")  # SIGINT/SIGTERM during `fit`
         if self.run.checkpoint is not None:
             self.load_checkpoint(self.run.checkpoint)
@@ -144,6 +152,7 @@ class Trainer:
             self.critic.load_state_dict(tensors["critic"])
         self.sampler.load_state_dict(state["sampler"])
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        self.in_flight = tensors.get("in_flight")
         self.sync_weights()
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
@@ -156,11 +165,12 @@ class Trainer:
         algo = self.cfg.algo
         reset_gpu_peak()
         t0 = time.perf_counter()
-        batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg)  # rollout + reward
+        batch, produced = self.collect()  # rollout + reward, here or in the rollout process
         rollouts, times = batch.rollouts, dict(batch.seconds)
-        if rollouts.policy_version != self.step_count:  # the update below assumes on-policy data
+        expected = version_for(self.step_count, self.cfg.trainer.max_staleness)
+        if rollouts.policy_version != expected:  # the schedule the update's corrections assume
             raise WeightSyncError(f"step {self.step_count + 1}: rollouts came from policy version "
-                                  f"{rollouts.policy_version}, expected {self.step_count}")
+                                  f"{rollouts.policy_version}, expected {expected}")
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
         ref = kl = values = None
@@ -182,16 +192,46 @@ class Trainer:
         timed(times, "sync", self.sync_weights)
         times["step"] = time.perf_counter() - t0
         metrics.update(batch_metrics(batch, advantages, loss_mask))
+        metrics.update(produced)
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update(gpu_memory_metrics())
         return metrics, batch, advantages
+
+    def collect(self) -> tuple[StepBatch, dict[str, float]]:
+        """(this step's batch, the `async/` metrics of its making): collected now (on-policy), or
+        taken from the rollout process, which made it from policy version
+        `version_for(step, max_staleness)` while earlier steps trained (`reasonrl.producer`)."""
+        staleness = self.cfg.trainer.max_staleness
+        if staleness == 0:
+            return collect_batch(self.rollout, self.sampler, self.sampling, self.cfg), {}
+        if self.producer is None:
+            self.producer = self.start_producer()
+        batch, stats = self.producer.take(self.step_count)
+        lag = self.step_count - batch.rollouts.policy_version  # every row of a batch: one version
+        hist = {f"async/staleness_{k}": float(k == lag) for k in range(staleness + 1)}
+        return batch, {**stats, "async/staleness": float(lag), **hist}
+
+    def start_producer(self) -> Producer:
+        """The rollout process, from this step on: a resumed run's batches in flight given back,
+        this version published (which asks for the batches it generates)."""
+        t, r = self.cfg.trainer, self.cfg.rollout
+        in_flight = None if self.in_flight is None else load_in_flight(self.in_flight, "state.pt in_flight")
+        threads = split_threads(t.threads, r.threads)[1]
+        producer = Producer(self.cfg, self.train_examples, self.sampling, threads, start=self.step_count,
+                            in_flight=in_flight)
+        producer.publish(self.step_count, self.policy)
+        self.in_flight = None
+        return producer
 
     def sync_weights(self) -> None:
         """Push the policy's weights to the rollout engine and check, by checksum (and for
         engines that want it, the log-probs of a probe sequence), that the engine serves
         them (`WeightSyncError` otherwise); later rollouts carry this version
-        (`reasonrl.placement.sync`)."""
+        (`reasonrl.placement.sync`). Asynchronous training also hands the version to the
+        rollout process (`Producer.publish`: copied, if a batch still to come needs it)."""
         self.workers.sync.push(self.step_count)
+        if self.producer is not None:
+            self.producer.publish(self.step_count, self.policy)
 
     def evaluate(self) -> dict[str, float]:
         """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
@@ -216,6 +256,8 @@ class Trainer:
                   f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
             return run_dir, resumed["eval_before"]
         print(f"[reasonrl] run directory: {run_dir}", flush=True)
+        if self.cfg.trainer.max_staleness > 0 and self.producer is None:
+            self.producer = self.start_producer()  # it builds its engine while the eval below runs
         eval_before = self.evaluate()
         if eval_before:
             s = self.eval_settings
@@ -225,11 +267,17 @@ class Trainer:
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
+        """checkpoints/step_N; with batches in flight (asynchronous training) they are kept too,
+        with the rollout process's state after them (its sampler's is the one saved)."""
         config = to_dict(self.cfg)
-        state = {"sampler": self.sampler.state_dict(), "config": config, "config_hash": config_hash(config),
+        sampler, extra = self.sampler.state_dict(), None
+        if self.producer is not None and (kept := self.producer.in_flight(self.step_count)) is not None:
+            sampler, extra = self.producer.sampler_state(self.step_count), {"in_flight": kept}
+        state = {"sampler": sampler, "config": config, "config_hash": config_hash(config),
                  "eval_before": eval_before, "bad_steps": self.bad_steps}
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,
-                             self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last, self.critic)
+                             self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last, self.critic,
+                             extra=extra)
 
     def report_reward_failures(self, failures: list[str | None] | None) -> None:
         """Each kind of reward failure printed once, with its message (then only counted)."""
@@ -286,7 +334,14 @@ class Trainer:
         try:
             return self.train_steps()
         finally:
+            self.close_producer()
             self.run.release()
+
+    def close_producer(self) -> None:
+        """Stop the rollout process of asynchronous training, if one runs."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
 
     def train_steps(self) -> RunResult:
         cfg = self.cfg

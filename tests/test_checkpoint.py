@@ -265,3 +265,24 @@ def test_the_reference_run_really_trains(reference):
     from reasonrl.policy.model import build_tiny_model
     initial = build_tiny_model(seed=0)[0].state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in start.items())
+
+
+def test_a_checkpoint_of_an_older_version_is_not_a_config_change():
+    """Keys added since (at their defaults) and removed since (at the value the new default
+    means: tis_cap 0 was off) do not block a resume; a real change on either side does."""
+    import copy
+
+    from reasonrl.checkpoint import config_changes
+    from reasonrl.config import Config, to_dict
+
+    current = to_dict(Config())
+    saved = copy.deepcopy(current)
+    del saved["trainer"]["max_staleness"]
+    saved["algo"]["tis_cap"] = 0.0
+    assert config_changes(saved, current) == {}
+    saved["algo"]["tis_cap"] = 2.0  # was on: the run trained otherwise
+    current["reward"]["weights"]["format"] = 0.5  # a component added to a dict is a change
+    current["trainer"]["max_staleness"] = 1  # a new key away from its default
+    assert config_changes(saved, current) == {"algo.tis_cap": (2.0, None),
+                                              "reward.weights.format": (None, 0.5),
+                                              "trainer.max_staleness": (None, 1)}

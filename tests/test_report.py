@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import json
 import re
@@ -14,7 +15,16 @@ import yaml
 from PIL import Image
 
 from reasonrl.cli import main
-from reasonrl.report import PLOTS, load_run, sample_steps, stage_seconds, write_report
+from reasonrl.report import (
+    PLOTS,
+    async_numbers,
+    load_run,
+    render_html,
+    sample_steps,
+    stage_seconds,
+    staleness_histogram,
+    write_report,
+)
 from reasonrl.tracking import missing_extra
 
 PNG = re.compile(r'<figure class="plot[^"]*" id="plot-([a-z_]+)"[^>]*data-logged="true">'
@@ -187,3 +197,96 @@ def test_training_writes_the_report_and_tensorboard_events(tmp_path, capsys):
     assert re.findall(r'<table class="samples" data-step="(\d+)"', text) == ["1", "2"]
     if "tensorboard" in backends:
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+# asynchronous training, trainer.max_staleness = K = 2: step 4 mixes two lags (a per-sample mean)
+# (async/staleness, async/staleness_0..2, async/wait, time/step, async/producer_idle, time/rollout,
+#  async/sync_pause) of steps 1..4
+ASYNC_STEPS = [
+    (0.0, (1.0, 0.0, 0.0), 2.0, 5.0, 0.5, 3.0, 0.2),
+    (1.0, (0.0, 1.0, 0.0), 1.0, 4.0, 0.0, 3.5, 0.4),
+    (2.0, (0.0, 0.0, 1.0), 0.0, 3.0, 1.0, 3.0, 0.3),
+    (1.5, (0.0, 0.5, 0.5), 1.0, 4.0, 0.5, 2.5, 0.1),
+]
+
+
+def _async_run(path):
+    path.mkdir()
+    lines = [{"step": 0, "eval/accuracy": 0.2, "time/eval": 1.0}]
+    for t, (lag, hist, wait, step, idle, rollout, pause) in enumerate(ASYNC_STEPS, 1):
+        lines.append({"step": t, "reward/mean": 0.1 * t, "async/staleness": lag,
+                      **{f"async/staleness_{k}": f for k, f in enumerate(hist)},
+                      "async/wait": wait, "async/producer_idle": idle, "async/sync_pause": pause,
+                      "time/step": step, "time/rollout": rollout, "time/reward": 0.1, "time/update": 1.5})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _section(text, name):
+    return re.search(rf'<h2 id="{name}">.*?(?=\n<h2 )', text, re.S).group(0)
+
+
+def test_the_async_section_shows_staleness_and_idle_shares(tmp_path):
+    run = load_run(_async_run(tmp_path / "async"))
+    assert staleness_histogram(run) == ([0, 1, 2], {1: [1.0, 0.0, 0.0], 2: [0.0, 1.0, 0.0],
+                                                    3: [0.0, 0.0, 1.0], 4: [0.0, 0.5, 0.5]})
+    numbers = async_numbers(run)
+    assert numbers["staleness_mean"] == pytest.approx(1.125)  # (0 + 1 + 2 + 1.5) / 4
+    assert numbers["learner_idle"] == pytest.approx(0.25)  # 4 s waited of 16 s of steps
+    assert numbers["generator_idle"] == pytest.approx(1 / 7)  # 2 s idle of 12 s generating + 2 s idle
+    assert numbers["sync_pause_mean"] == pytest.approx(0.25)  # (0.2 + 0.4 + 0.3 + 0.1) / 4
+    assert numbers["sync_pause_max"] == pytest.approx(0.4)
+    text = write_report([tmp_path / "async"]).read_text()
+    assert '<a href="#async">asynchronous training</a>' in text
+    section = _section(text, "async")
+    assert section.startswith('<h2 id="async">Asynchronous training</h2>')
+    for label, value in [("staleness, mean (policy versions behind)", "1.125"),
+                         ("learner idle (async/wait / time/step)", "25.0% (4.0 s of 16.0 s)"),
+                         ("generator idle (async/producer_idle / (time/rollout + async/producer_idle))",
+                          "14.3% (2.0 s of 14.0 s)"),
+                         ("weight-sync pause, mean (async/sync_pause)", "0.250 s"),
+                         ("weight-sync pause, max", "0.400 s")]:
+        assert f'<tr><th>{label}</th><td class="num">{value}</td></tr>' in section, label
+    images = dict(PNG.findall(section))
+    assert set(images) == {"staleness"}
+    assert "async/staleness_0 .. async/staleness_2" in section
+    image = Image.open(io.BytesIO(base64.b64decode(images["staleness"]))).convert("RGB")
+    assert image.width >= 1000 and image.height >= 300
+    colors = {c for _, c in image.getcolors(1 << 20)}
+    for lag_color in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # a bar colour per lag
+        assert lag_color in colors
+
+
+def test_a_run_without_async_metrics_renders_as_before(report, tmp_path):
+    _, text = report  # the fixture run (synchronous): the sections and nav of before
+    assert re.findall(r'<h2 id="([a-z]+)">', text) == ["summary", "plots", "eval", "samples", "config"]
+    assert re.findall(r'<nav>.*?</nav>', text) == [
+        '<nav><a href="#summary">summary</a><a href="#plots">plots</a><a href="#eval">held-out eval</a>'
+        '<a href="#samples">samples</a><a href="#config">config</a></nav>']
+    assert "Asynchronous training" not in text and 'id="plot-staleness' not in text
+    # the section only adds: without its async/ metrics the same run renders as the async one less
+    # its section and nav link
+    run = load_run(_async_run(tmp_path / "async"))
+    plain = copy.deepcopy(run)
+    for metrics in plain.metrics.values():
+        for key in [k for k in metrics if k.startswith("async/")]:
+            del metrics[key]
+    with_async, without = (re.sub(r"generated [^<]* by", "generated by", render_html([r]))
+                           for r in (run, plain))
+    assert 'id="async"' not in without and "Asynchronous training" not in without
+    removed = with_async.replace("\n" + _section(with_async, "async"), "", 1)
+    assert removed.replace('<a href="#async">asynchronous training</a>', "", 1) == without
+
+
+def test_the_async_table_compares_with_a_synchronous_run(tmp_path):
+    _async_run(tmp_path / "async")
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    (sync / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "time/step": 2.0}) + "\n")
+    text = write_report([tmp_path / "async", sync], tmp_path / "cmp.html").read_text()
+    section = _section(text, "async")
+    assert "<tr><th></th><th>async</th><th>sync</th></tr>" in section
+    assert ('<tr><th>staleness, mean (policy versions behind)</th><td class="num">1.125</td>'
+            '<td class="num">not logged</td></tr>') in section
+    assert re.findall(r'id="plot-(staleness[^"]*)" data-run="([^"]*)" data-logged="true"', section) == [
+        ("staleness", "async")]

@@ -32,6 +32,7 @@ One module per job:
     rotation.py      which checkpoints stay: the newest keep_last and the last good one
     resume.py        which checkpoint a resume starts from; logs cut back to it
     config_check.py  the config a resume may not change, its hash
+    records.py       step records as plain data (the batches in flight of asynchronous training)
 
 `reasonrl.run` (the run directory) is the one user of most of it; this package knows
 nothing of runs beyond their `checkpoints/` folder.
@@ -58,17 +59,19 @@ from reasonrl.checkpoint.layout import (
     step_folders,
 )
 from reasonrl.checkpoint.manifest import checkpoint_size, verify_checkpoint, write_manifest
-from reasonrl.checkpoint.read import non_finite, read_checkpoint
+from reasonrl.checkpoint.read import non_finite, numpy_rng, read_checkpoint
+from reasonrl.checkpoint.records import from_plain, to_plain
 from reasonrl.checkpoint.resume import find_resume_point, resume_target, truncate_log
 from reasonrl.checkpoint.rotation import is_good, rotate, set_aside
 from reasonrl.checkpoint.storage import estimate_size, storage_error
-from reasonrl.checkpoint.write import atomic_save, write_checkpoint
+from reasonrl.checkpoint.write import atomic_save, plain_rng, write_checkpoint
 
 __all__ = [
     "ADAPTER_DIR", "CRITIC_DIR", "FORMAT", "MANIFEST", "RESUME_SAFE_KEYS", "STATE_FILE", "STEP_DIR",
     "TENSOR_FILE", "WEIGHT_SUFFIXES", "atomic_save", "check_config_changes", "checkpoint_size",
-    "config_changes", "config_hash", "estimate_size", "find_resume_point", "flatten", "is_good",
-    "list_checkpoints", "non_finite", "read_checkpoint", "remove_partial", "resume_target", "rotate",
-    "set_aside", "step_folders", "storage_error", "truncate_log", "verify_checkpoint", "write_checkpoint",
+    "config_changes", "config_hash", "estimate_size", "find_resume_point", "flatten", "from_plain",
+    "is_good", "list_checkpoints", "non_finite", "numpy_rng", "plain_rng", "read_checkpoint",
+    "remove_partial", "resume_target", "rotate", "set_aside", "step_folders", "storage_error", "to_plain",
+    "truncate_log", "verify_checkpoint", "write_checkpoint",
     "write_manifest",
 ]

@@ -43,11 +43,26 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def version_difference(key: str, saved: dict, current: dict) -> bool:
+    """`key` is on one side only because the config's keys changed between reasonrl versions,
+    not because the run's settings did: a key added since the checkpoint holding its default
+    (which keeps the behaviour from before it existed), or one removed since whose value meant
+    what the new default means (`reasonrl.config.loader.REPLACED` maps it to None)."""
+    from reasonrl.config import Config, to_dict
+    from reasonrl.config.loader import REPLACED
+
+    if key in current:
+        return flatten(to_dict(Config())).get(key, object()) == current[key]
+    return key in REPLACED and REPLACED[key](saved[key]) is None
+
+
 def config_changes(saved: dict, current: dict) -> dict[str, tuple[object, object]]:
-    """{dotted key: (saved, current)} for every key that differs, safe keys excluded."""
+    """{dotted key: (saved, current)} for every key that differs, safe keys and
+    `version_difference`s excluded."""
     a, b = flatten(saved), flatten(current)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in RESUME_SAFE_KEYS and a.get(k) != b.get(k)}
+            if k not in RESUME_SAFE_KEYS and a.get(k) != b.get(k)
+            and not ((k in a) != (k in b) and version_difference(k, a, b))}
 
 
 def check_config_changes(path: Path, saved: dict, current: dict, allowed: list[str]) -> None:

@@ -31,8 +31,8 @@ def non_finite(file: Path) -> str | None:
     return None
 
 
-def _numpy_rng(state: dict) -> dict:
-    """The inverse of the writer's `_plain_rng`: numpy's key array back from a tensor."""
+def numpy_rng(state: dict) -> dict:
+    """The inverse of the writer's `plain_rng`: numpy's key array back from a tensor."""
     kind, keys, pos, has_gauss, cached = state["numpy"]
     return {**state, "numpy": (kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached)}
 
@@ -90,7 +90,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
                               f"this reasonrl reads {FORMAT}")
     tensors = _load_tensors(path / TENSOR_FILE)
     try:
-        tensors["rng"] = _numpy_rng(tensors["rng"])
+        tensors["rng"] = numpy_rng(tensors["rng"])
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{path / TENSOR_FILE}: its RNG state is not reasonrl's ({err})") from None
     weights: dict[str, torch.Tensor] = {}

@@ -64,7 +64,7 @@ def atomic_save(target: Path, write: Callable[[Path], None]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _plain_rng(state: dict) -> dict:
+def plain_rng(state: dict) -> dict:
     """`rng_state()` with numpy's key array as a tensor: loadable with weights_only=True."""
     kind, keys, pos, has_gauss, cached = state["numpy"]
     return {**state, "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
@@ -79,18 +79,19 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def write_checkpoint(target: Path, policy, tokenizer, trainer_state: dict, merged: bool = True,
-                     critic=None) -> None:
+                     critic=None, extra: dict | None = None) -> None:
     """The policy's HF folder, its optimizer/scheduler state, every RNG and `trainer_state`.
     A LoRA policy writes its adapter, and the merged HF folder only if `merged`; a critic
     its value model (`critic/`) and optimizer state. Weights with a NaN or inf are refused
     (`NonFiniteWeights`, nothing written); a full disk or a permission problem is a
-    `StorageError` (the earlier checkpoints stand)."""
+    `StorageError` (the earlier checkpoints stand). `extra`: more tensor state (tensors and plain
+    data, e.g. the batches in flight of asynchronous training), kept in state.pt under its keys."""
     target = Path(target)
 
     def write(tmp: Path) -> None:
         if not policy.save_adapter(tmp / ADAPTER_DIR) or merged:
             policy.save_pretrained(tmp / "huggingface", tokenizer)
-        tensors = {"policy": policy.state_dict(), "rng": _plain_rng(rng_state())}
+        tensors = {**(extra or {}), "policy": policy.state_dict(), "rng": plain_rng(rng_state())}
         if critic is not None:
             critic.save(tmp / CRITIC_DIR)
             tensors["critic"] = critic.state_dict()

@@ -16,7 +16,7 @@ import re
 
 from reasonrl.config.schema import Config, CriticConfig, EnvConfig, PolicyPlacement, WorkerPlacement
 from reasonrl.errors import ConfigError
-from reasonrl.registry import ADVANTAGES, DATA_TASKS, ENGINES, needs_critic
+from reasonrl.registry import ADVANTAGES, DATA_TASKS, ENGINES, IMPORTANCE_CORRECTIONS, needs_critic
 
 
 def need(ok: bool, msg: str) -> None:
@@ -115,9 +115,12 @@ def algo_rules(cfg: Config) -> None:
          f"algo.overlong_buffer: must be in [0, rollout.max_new_tokens={r.max_new_tokens}), "
          f"got {a.overlong_buffer}")
     with_logprobs = [e.name for e in ENGINES if e.info["logprobs"]]
-    need(a.tis_cap == 0 or r.engine in with_logprobs,
-         f"algo.tis_cap: needs the sampler's log-probs, which rollout.engine={r.engine} does not "
-         f"report; engines that do: {', '.join(with_logprobs)}")
+    need(IMPORTANCE_CORRECTIONS[a.importance_correction].info.get("off", False) or r.engine in with_logprobs,
+         f"algo.importance_correction={a.importance_correction}: needs the sampler's log-probs, which "
+         f"rollout.engine={r.engine} does not report; engines that do: {', '.join(with_logprobs) or 'none'}")
+    need(a.importance_correction != "mis" or a.importance_floor < a.importance_cap,
+         f"algo.importance_floor: must be < algo.importance_cap={a.importance_cap} (mis keeps "
+         f"floor <= rho <= cap), got {a.importance_floor}")
     need(needs_critic(a.advantage) or (a.gamma, a.lam) == (1.0, 1.0),
          f"algo.gamma/algo.lam: only used by critic estimators (GAE); algo.advantage={a.advantage} has none")
 
@@ -157,6 +160,10 @@ def trainer_rules(cfg: Config) -> None:
     need(t.batch_size >= r.n and t.batch_size % r.n == 0,
          f"trainer.batch_size: {t.batch_size} completions do not divide into groups of "
          f"rollout.n={r.n}; use a multiple of {r.n}")
+    need(t.max_staleness == 0 or cfg.placement.mode == "local",
+         f"trainer.max_staleness={t.max_staleness}: asynchronous training runs the rollout in a process of "
+         f"its own beside the trainer (placement.mode=local); placement.mode={cfg.placement.mode} is not "
+         "supported with it yet: set trainer.max_staleness=0 or placement.mode=local")
 
 
 def placement_rules(cfg: Config) -> None:

@@ -19,6 +19,8 @@ from reasonrl.registry import (
     DATA_TASKS,
     ENGINES,
     ENVIRONMENTS,
+    IMPORTANCE_CORRECTIONS,
+    IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     PIECEWISE_SCORING,
@@ -165,6 +167,9 @@ class RolloutConfig:
     # hf engine, multi-turn episodes: a turn prefills only the tokens after the previous turn's
     # KV cache (kept for the episode), instead of the whole trajectory (lean decoders)
     hf_reuse_kv: bool = True
+    # trainer.max_staleness > 0: torch threads of the rollout process; 0 = half the cores (the trainer
+    # keeps the rest unless trainer.threads is set)
+    threads: int = param(0, ge=0)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -247,8 +252,12 @@ class AlgoConfig:
     overlong_buffer: int = param(0, ge=0)  # DAPO soft overlong penalty over the last N tokens; 0 = off
     overlong_penalty: float = param(1.0, ge=0)  # the penalty at the full length (max_new_tokens)
     mask_truncated: bool = False  # completions cut at max_new_tokens get no loss (DAPO)
-    # truncated importance sampling: per-token loss x min(pi_old / pi_engine, tis_cap); 0 = off
-    tis_cap: float = param(0.0, ge=0)  # needs an engine reporting its sampler log-probs (rollout.engine=vllm)
+    # off-policy corrections (docs/algorithms.md): the per-token loss x a weight of
+    # rho = pi_old / pi_engine; any but none needs an engine that reports its sampler log-probs
+    importance_correction: str = param("none", choices=IMPORTANCE_CORRECTIONS)  # none | tis | mis | decoupled
+    importance_level: str = param("token", choices=IMPORTANCE_LEVELS)  # rho per token | sequence | geometric
+    importance_cap: float = param(2.0, gt=0)  # tis: truncate at; mis: upper bound; decoupled: mask above
+    importance_floor: float = param(0.5, ge=0)  # mis: lower bound (IcePop's alpha), < importance_cap
     # critic estimators (algo.advantage=gae, PPO): discount and GAE lambda over completion tokens
     gamma: float = param(1.0, ge=0, le=1)
     lam: float = param(1.0, ge=0, le=1)
@@ -332,6 +341,9 @@ class TrainerConfig:
     allow_config_change: list[str] = param([])  # keys a resume may change
     keep_last: int = param(2, ge=0)  # checkpoints kept (oldest deleted first); 0 = all
     max_bad_steps: int = param(5, ge=1)  # abort after this many steps in a row with a non-finite loss/grad
+    # asynchronous off-policy training: step t trains on rollouts of policy version max(0, t - K),
+    # generated in a process of its own while earlier steps train; 0 = on-policy (docs/async.md)
+    max_staleness: int = param(0, ge=0)
 
 
 @dataclass

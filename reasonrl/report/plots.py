@@ -1,7 +1,8 @@
 """The report's plots: which metrics each one draws, and drawing them as PNGs.
 
 Each `Plot` names its metrics and how to read them; `draw_plot` overlays the runs given,
-`draw_time` stacks the seconds of each stage of a step (`STAGES`, in `Trainer.step`'s order).
+`draw_time` stacks the seconds of each stage of a step (`STAGES`, in `Trainer.step`'s order),
+`draw_staleness` the fractions of a step's samples at each policy lag (asynchronous training).
 Drawn with matplotlib's object API (no pyplot: no global state, no display) and returned as
 base64 PNGs for the page to inline; None where no run logged the plot's metrics.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from dataclasses import dataclass, field
 
 from reasonrl.report.load import Run
@@ -220,4 +222,56 @@ def draw_time(runs: list[Run]) -> str | None:
     ax.grid(alpha=0.3, axis="y" if len(runs) == 1 else "x")
     ax.legend(fontsize=8, ncols=len(stages), loc="upper left", bbox_to_anchor=(0, -0.18 if len(runs) == 1
                                                                                else -0.35))
+    return _png(fig)
+
+
+STALENESS_KEY = re.compile(r"async/staleness_(\d+)")  # async/staleness_<k>: the fraction at lag k
+
+
+def staleness_histogram(run: Run) -> tuple[list[int], dict[int, list[float]]]:
+    """(lags 0..K, step -> the fraction of its samples at each lag): the `async/staleness_<k>`
+    metrics of asynchronous training (K = trainer.max_staleness); a lag a step did not log is 0."""
+    found = [m for key in run.keys() if (m := STALENESS_KEY.fullmatch(key))]
+    if not found:
+        return [], {}
+    lags = list(range(max(int(m.group(1)) for m in found) + 1))
+    table: dict[int, list[float]] = {}
+    for step in sorted(run.metrics):
+        m = run.metrics[step]
+        row = [m.get(f"async/staleness_{k}") for k in lags]
+        ok = [isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row]
+        if any(ok):
+            table[step] = [float(v) if good else 0.0 for v, good in zip(row, ok, strict=True)]
+    return (lags, table) if table else ([], {})
+
+
+def draw_staleness(run: Run, named: bool = False) -> str | None:
+    """Stacked bars, one per step, of the fraction of its samples at each lag (0: on-policy),
+    titled with the run's name when `named` (a comparison); None when the run logged no
+    `async/staleness_<k>`."""
+    from matplotlib.ticker import MaxNLocator
+
+    lags, table = staleness_histogram(run)
+    if not table:
+        return None
+    fig, ax = _figure(12.0, 3.6)
+    steps = sorted(table)
+    heights = [[table[t][k] for t in steps] for k in lags]
+    colors = [COLORS[k % len(COLORS)] for k in lags]
+    labels = [f"lag {k}" + (" (on-policy)" if k == 0 else "") for k in lags]
+    if len(steps) > 300:  # bars too thin to see (and slow to draw): stacked areas
+        ax.stackplot(steps, heights, colors=colors, labels=labels, step="mid")
+    else:
+        bottom = [0.0] * len(steps)
+        for label, h, color in zip(labels, heights, colors, strict=True):
+            ax.bar(steps, h, bottom=bottom, width=0.8, color=color, label=label)
+            bottom = [b + x for b, x in zip(bottom, h, strict=True)]
+    ax.set_ylim(0.0, 1.03)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("fraction of the step's samples")
+    title = "Staleness per step: policy versions behind the learner"
+    ax.set_title(f"{_label(run.name)}: {title}" if named else title, fontsize=11)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, ncols=len(lags), loc="upper left", bbox_to_anchor=(0, -0.18))
     return _png(fig)

@@ -1,5 +1,6 @@
-"""The report's numbers: the summary table, the held-out evaluations, which steps' samples to
-show, the config keys in which runs differ, and how a number is written.
+"""The report's numbers: the summary table, the held-out evaluations, asynchronous training's
+staleness and idle times, which steps' samples to show, the config keys in which runs differ,
+and how a number is written.
 
 Plain values computed from a `Run` (strings and numbers; the summary rows' arrows are their
 only HTML), apart from the page that lays them out (`reasonrl.report.page`), so that each
@@ -67,6 +68,61 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
     if run.skipped_lines:
         rows.append(("unreadable lines skipped", str(run.skipped_lines)))
     return rows
+
+
+def _paired_sums(run: Run, part: str, whole: str) -> tuple[float, float, int]:
+    """(sum of `part`, sum of `whole`, steps) over the steps that logged both."""
+    wholes = dict(zip(*run.series(whole), strict=True))
+    pairs = [(v, wholes[t]) for t, v in zip(*run.series(part), strict=True) if t in wholes]
+    return sum(p for p, _ in pairs), sum(w for _, w in pairs), len(pairs)
+
+
+def async_numbers(run: Run) -> dict[str, float | None]:
+    """Asynchronous training (trainer.max_staleness > 0) over the run's steps, None where not
+    logged: `staleness_mean` (policy versions behind, the mean of the steps' `async/staleness`);
+    `learner_idle` = sum of async/wait / sum of time/step (`wait_s`, `step_s`); `generator_idle`
+    = sum of async/producer_idle / sum of (time/rollout + async/producer_idle) (`producer_idle_s`,
+    `generator_s`); `sync_pause_mean`, `sync_pause_max` (seconds the rollout process spent loading
+    weights before a batch). Sums over the steps that logged both of their metrics."""
+    staleness = run.series("async/staleness")[1]
+    pauses = run.series("async/sync_pause")[1]
+    wait, step, n_learner = _paired_sums(run, "async/wait", "time/step")
+    idle, rollout, n_generator = _paired_sums(run, "async/producer_idle", "time/rollout")
+    generator = rollout + idle
+    return {
+        "staleness_mean": statistics.fmean(staleness) if staleness else None,
+        "learner_idle": wait / step if n_learner and step > 0 else None,
+        "wait_s": wait if n_learner else None,
+        "step_s": step if n_learner else None,
+        "generator_idle": idle / generator if n_generator and generator > 0 else None,
+        "producer_idle_s": idle if n_generator else None,
+        "generator_s": generator if n_generator else None,
+        "sync_pause_mean": statistics.fmean(pauses) if pauses else None,
+        "sync_pause_max": max(pauses) if pauses else None,
+    }
+
+
+def async_rows(run: Run) -> list[tuple[str, str]]:
+    """(label, value) pairs of the asynchronous-training table; plain text (escape both)."""
+    n = async_numbers(run)
+
+    def share(key: str, part: str, whole: str) -> str:
+        if n[key] is None:
+            return "not logged"
+        return f"{100 * n[key]:.1f}% ({n[part]:.1f} s of {n[whole]:.1f} s)"
+
+    def seconds(key: str) -> str:
+        return "not logged" if n[key] is None else f"{fmt(n[key])} s"
+
+    return [
+        ("staleness, mean (policy versions behind)",
+         "not logged" if n["staleness_mean"] is None else fmt(n["staleness_mean"])),
+        ("learner idle (async/wait / time/step)", share("learner_idle", "wait_s", "step_s")),
+        ("generator idle (async/producer_idle / (time/rollout + async/producer_idle))",
+         share("generator_idle", "producer_idle_s", "generator_s")),
+        ("weight-sync pause, mean (async/sync_pause)", seconds("sync_pause_mean")),
+        ("weight-sync pause, max", seconds("sync_pause_max")),
+    ]
 
 
 def eval_table(run: Run) -> tuple[list[str], list[tuple[int, dict]]]:

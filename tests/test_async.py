@@ -1,0 +1,216 @@
+"""Asynchronous off-policy training (trainer.max_staleness = K > 0, `reasonrl.producer`): the
+fixed schedule, staleness in the metrics, runs that repeat and resume bitwise with batches in
+flight, the rollout process's failures raised with its traceback, and the pieces (records as
+plain data, weights through shared memory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
+from reasonrl.checkpoint import from_plain, to_plain
+from reasonrl.config import load_config
+from reasonrl.errors import CheckpointError, ConfigError, ProducerError, TrainingInterrupted
+from reasonrl.producer import share_weights, split_threads, unshare_weights, version_for
+from reasonrl.trainer import Trainer
+
+REPO = Path(__file__).parent.parent
+STEPS = 4
+TRAINS = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:length",
+          "reward.isolate_fn=false", "optim.lr=1e-4"]
+
+
+def cfg_for(out: Path, name: str, *overrides: str):
+    return load_config(REPO / "configs" / "smoke.yaml", [
+        f"trainer.output_dir={out}", f"trainer.run_name={name}", "trainer.progress=false",
+        f"trainer.steps={STEPS}", "trainer.threads=1", "rollout.threads=1", "tracking.report=false",
+        *TRAINS, *overrides])
+
+
+def metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without timings (wall clock: `time/`, and the waits and idles of `async/`)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    timing = ("async/wait", "async/producer_idle", "async/sync_pause", "rollout/tokens_per_s")
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/")) and k not in timing}
+            for r in rows]
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoints" / f"step_{STEPS}" / "huggingface" / "model.safetensors")
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    a, b = final_weights(run), final_weights(reference)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "final weights differ"
+    assert metrics(run) == metrics(reference)
+    samples = [(run / "samples.jsonl").read_text(), (reference / "samples.jsonl").read_text()]
+    assert samples[0] == samples[1]
+
+
+def test_the_schedule_is_fixed_by_k():
+    """Batch b comes from version max(0, b - K): K = 0 is on-policy; K = 1 is verl's one-step-off
+    (batches 0 and 1 from version 0, then b from b - 1); K = 2 lags two versions."""
+    assert [version_for(b, 0) for b in range(5)] == [0, 1, 2, 3, 4]
+    assert [version_for(b, 1) for b in range(5)] == [0, 0, 1, 2, 3]
+    assert [version_for(b, 2) for b in range(5)] == [0, 0, 0, 1, 2]
+
+
+def test_threads_are_shared_out_between_the_two_sides():
+    assert split_threads(0, 0, cores=2) == (1, 1)
+    assert split_threads(0, 0, cores=64) == (32, 32)
+    assert split_threads(0, 0, cores=1) == (1, 1)  # both sides still run: they take turns
+    assert split_threads(0, 16, cores=64) == (48, 16)
+    assert split_threads(8, 0, cores=64) == (8, 32)
+
+
+def test_ray_mode_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="trainer.max_staleness=1.*placement.mode=local"):
+        load_config(REPO / "configs" / "smoke.yaml", ["trainer.max_staleness=1", "placement.mode=ray"])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted 4-step runs with K = 1 and K = 2."""
+    out = tmp_path_factory.mktemp("async")
+    runs = {}
+    for k in (1, 2):
+        Trainer(cfg_for(out, f"k{k}", f"trainer.max_staleness={k}")).fit()
+        runs[k] = out / f"k{k}"
+    return runs
+
+
+@pytest.mark.parametrize("k, lags", [(1, [0, 1, 1, 1]), (2, [0, 1, 2, 2])])
+def test_staleness_follows_the_schedule(straight, k, lags):
+    """Step t (1-based) trains on batch t - 1 of version max(0, t - 1 - K): its lag in
+    async/staleness, one-hot over 0..K in async/staleness_<k> (the report's histogram), and
+    the times each side waited."""
+    rows = [r for line in (straight[k] / "metrics.jsonl").read_text().splitlines()
+            if "train/loss" in (r := json.loads(line))]
+    assert [r["async/staleness"] for r in rows] == lags
+    for r, lag in zip(rows, lags, strict=True):
+        assert [r[f"async/staleness_{j}"] for j in range(k + 1)] == [float(j == lag) for j in range(k + 1)]
+        assert r["async/wait"] >= 0 and r["async/producer_idle"] >= 0 and r["async/sync_pause"] >= 0
+    assert any(r["train/loss"] != 0 for r in rows)  # the runs train
+
+
+def stop_after_two(trainer: Trainer) -> None:
+    step = trainer.step
+
+    def stopping():
+        out = step()
+        if trainer.step_count == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler lets step 2 finish and save
+        return out
+
+    trainer.step = stopping
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_run_with_batches_in_flight_resumes_bitwise(straight, tmp_path, k):
+    """Stopped after step 2 (K batches in flight, made by versions the checkpoint does not hold)
+    and resumed to step 4 in new processes: the same weights, metrics and samples as the
+    straight run, which is also what shows that a second run with the same seed repeats it."""
+    over = [f"trainer.max_staleness={k}", "trainer.keep_last=0"]
+    trainer = Trainer(cfg_for(tmp_path, "r", *over))
+    stop_after_two(trainer)
+    with pytest.raises(TrainingInterrupted):
+        trainer.fit()
+    assert trainer.producer is None  # the rollout process stopped with the run
+    kept = torch.load(tmp_path / "r" / "checkpoints" / "step_2" / "state.pt", weights_only=True)["in_flight"]
+    # asked for after step 2's sync: batches 2 .. 2 + K (those of the 4 steps), versions 0 .. 2
+    assert sorted(kept["batches"]) == [str(b) for b in range(2, min(3 + k, STEPS))]
+    Trainer(cfg_for(tmp_path, "r", *over, "trainer.resume=auto")).fit()
+    assert_same_run(tmp_path / "r", straight[k])
+
+
+def test_a_dead_rollout_process_is_an_error_naming_it(tmp_path):
+    trainer = Trainer(cfg_for(tmp_path, "dead", "trainer.max_staleness=1"))
+    try:
+        trainer.step()
+        trainer.producer.process.kill()
+        with pytest.raises(ProducerError, match="rollout process (exited|failed)"):
+            for _ in range(3):
+                trainer.step()
+    finally:
+        trainer.close_producer()
+        trainer.run.release()
+
+
+def test_a_failure_in_the_rollout_process_comes_back_with_its_traceback(tmp_path):
+    """The rollout process builds its own engine: a model it cannot load (here: moved away after
+    the trainer loaded it) fails there, and the step raises it with the process's traceback."""
+    import dataclasses
+
+    cfg = cfg_for(tmp_path, "bad", "trainer.max_staleness=1")
+    trainer = Trainer(cfg)
+    trainer.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(tmp_path / "gone")))
+    try:
+        with pytest.raises(ProducerError, match="(?s)rollout process failed while producing batch 0.*"
+                                                "Traceback.*gone"):
+            trainer.step()
+    finally:
+        trainer.close_producer()
+        trainer.run.release()
+
+
+def step_batch() -> StepBatch:
+    ex = Example("What is 2+2?", "4", "arith", {"origin": "f.jsonl:3", "pair": (1, "a")})
+    episodes = EpisodeStats("tool", [[Turn("x", "calc: 1", "1", None, 0.5)], [Turn("y")]],
+                            torch.tensor([1, 0]), torch.tensor([0, 0]), torch.tensor([0, 0]),
+                            torch.tensor([0, 0]), torch.tensor([0, 0]), torch.tensor([0.5, 0.0]), 1.25)
+    rollouts = Rollouts([[1, 2], [1, 2]], [[3, 4], [5]], ["a", "b"], torch.tensor([0, 0]),
+                        torch.tensor([False, True]), [ex, ex],
+                        [torch.tensor([-0.5, -1.0]), torch.tensor([-2.0])],
+                        policy_version=3, token_mask=[[1, 0], [1]], episodes=episodes)
+    scores = Scores(torch.tensor([1.0, 0.0]), {"correct": torch.tensor([1.0, 0.0])}, failures=[None, "boom"])
+    return StepBatch(rollouts, scores, torch.tensor([1.0, 0.0]), torch.tensor([True, True]),
+                     {"rollout/groups": 1.0}, {"rollout": 0.5})
+
+
+def test_step_records_round_trip_through_plain_data(tmp_path):
+    """What a checkpoint keeps of a batch in flight reads back through torch's weights-only
+    unpickler as the same records (tuples stay tuples)."""
+    path = tmp_path / "s.pt"
+    torch.save(to_plain(step_batch()), path)
+    back = from_plain(torch.load(path, weights_only=True))
+    want = step_batch()
+    assert back.rollouts.examples == want.rollouts.examples
+    assert back.rollouts.examples[0].meta["pair"] == (1, "a")
+    assert back.rollouts.episodes.turns == want.rollouts.episodes.turns
+    assert back.rollouts.policy_version == 3 and back.rollouts.token_mask == [[1, 0], [1]]
+    pairs = zip(back.rollouts.sampler_logprobs, want.rollouts.sampler_logprobs, strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert back.scores.failures == [None, "boom"]
+    assert back.stats == want.stats and back.seconds == want.seconds
+    assert torch.equal(back.scores.components["correct"], want.scores.components["correct"])
+
+
+def test_plain_data_names_no_other_class():
+    with pytest.raises(CheckpointError, match="unknown record 'Evil'"):
+        from_plain({"__record__": "Evil", "x": 1}, "state.pt")
+    with pytest.raises(TypeError, match="not a step record"):
+        import dataclasses
+
+        @dataclasses.dataclass
+        class Other:
+            x: int = 1
+
+        to_plain(Other())
+
+
+def test_weights_cross_in_one_shared_buffer_per_dtype():
+    named = [("a", torch.arange(6.0).view(2, 3)), ("b", torch.tensor([1.5], dtype=torch.bfloat16)),
+             ("c", torch.ones(4).t())]
+    buffers, layout = share_weights(named)
+    assert sorted(buffers) == ["bfloat16", "float32"] and all(b.is_shared() for b in buffers.values())
+    back = unshare_weights(buffers, layout)
+    assert [n for n, _ in back] == ["a", "b", "c"]
+    assert all(torch.equal(x, y) and x.dtype == y.dtype for (_, x), (_, y) in zip(back, named, strict=True))
