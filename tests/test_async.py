@@ -64,10 +64,12 @@ def test_the_schedule_is_fixed_by_k():
 
 
 def test_threads_are_shared_out_between_the_two_sides():
-    assert split_threads(0, 0, cores=2) == (1, 1)
-    assert split_threads(0, 0, cores=64) == (32, 32)
+    """The trainer keeps every core, the rollout process gets half (oversubscribed: it idles while
+    it waits for weights, tools and rewards); each side's own setting wins."""
+    assert split_threads(0, 0, cores=2) == (2, 1)
+    assert split_threads(0, 0, cores=64) == (64, 32)
     assert split_threads(0, 0, cores=1) == (1, 1)  # both sides still run: they take turns
-    assert split_threads(0, 16, cores=64) == (48, 16)
+    assert split_threads(0, 16, cores=64) == (64, 16)
     assert split_threads(8, 0, cores=64) == (8, 32)
 
 

@@ -8,7 +8,8 @@ its chunked LM head). The tiny model's logits from two kernels agree to DELTA = 
 (tests/test_accel.py: n <= 192 terms of size <= ~1 per product, reordered); an error of DELTA
 in each logit moves z_t - logsumexp(z) by at most 2 DELTA / temperature (logsumexp is
 1-Lipschitz in the max norm). On top of that each side rounds a value of size ~11 (log of the
-49k vocabulary: the random model is nearly uniform) a few times: 4 ulp(16) = 4 * 2^-19 < 8e-6.
+49k vocabulary: the random model is nearly uniform) a few times (the engine takes the log of its
+softmax's probability, the policy z_t - logsumexp(z)): 4 ulp(16) = 4 * 2^-19 < 8e-6.
 So TOL(T) = 2e-5 / T + 8e-6 (measured: at most 1.9e-6, at T in {0.7, 1, 1.3}). A renormalised
 (top-p / top-k) log-prob would differ by -log(kept mass), 0.1 at top_p = 0.9: far outside.
 """
@@ -29,7 +30,7 @@ from reasonrl.envs import environment_spec
 from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import ENGINES
 from reasonrl.rollout import RolloutWorker, SamplingParams
-from reasonrl.rollout.hf import HFEngine, filter_logits, token_logprobs
+from reasonrl.rollout.hf import HFEngine, filter_logits, sample_probs, sample_tokens, token_logprobs
 
 REPO = Path(__file__).parent.parent
 ECHO = f"{REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo"
@@ -64,16 +65,30 @@ def test_the_hf_entry_declares_logprobs():
 
 
 def test_token_logprobs_is_log_softmax_of_the_unfiltered_logits():
+    """The log of the gathered probability is log_softmax's value up to float rounding (1e-6
+    here: |log p| < 10, a few ulp); a probability that underflowed to 0 gets z_t - logsumexp(z),
+    finite. Not the renormalised (top-p) log-prob, which is larger."""
     g = torch.Generator().manual_seed(0)
     scaled = torch.randn(5, 40, generator=g) / 0.7
-    tokens = torch.tensor([0, 3, 39, 7, 7])
+    scaled[4, 9] = -200.0  # exp(-200 - max) is 0 in float32
+    tokens = torch.tensor([0, 3, 39, 7, 9])
     expected = torch.log_softmax(scaled, -1)[torch.arange(5), tokens]
-    assert torch.allclose(token_logprobs(scaled, tokens), expected, atol=1e-6, rtol=0)
-    # a token that top-p keeps: its filtered (renormalised) log-prob is larger; ours is not that one
+    got = token_logprobs(scaled, scaled.softmax(-1), tokens)
+    assert scaled.softmax(-1)[4, 9] == 0 and torch.isfinite(got).all()
+    assert torch.allclose(got, expected, atol=1e-6, rtol=0)
     kept = filter_logits(scaled, top_p=0.5)
     top = scaled.argmax(-1)
     renormalised = torch.log_softmax(kept, -1)[torch.arange(5), top]
-    assert (renormalised - token_logprobs(scaled, top) > 1e-3).all()
+    assert (renormalised - token_logprobs(scaled, scaled.softmax(-1), top) > 1e-3).all()
+
+
+def test_sampling_from_the_probabilities_is_sampling_from_the_logits():
+    """The engine samples from the softmax it reuses for the log-probs: the same tokens, bit for
+    bit, as `sample_tokens` of the logits."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 300, generator=g) * 3
+    u = torch.rand(64, generator=g)
+    assert torch.equal(sample_probs(logits.softmax(-1), u), sample_tokens(logits, u))
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", SETTINGS)

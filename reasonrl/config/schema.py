@@ -168,7 +168,7 @@ class RolloutConfig:
     # KV cache (kept for the episode), instead of the whole trajectory (lean decoders)
     hf_reuse_kv: bool = True
     # trainer.max_staleness > 0: torch threads of the rollout process; 0 = half the cores (the trainer
-    # keeps the rest unless trainer.threads is set)
+    # keeps all of them unless trainer.threads is set: docs/async.md)
     threads: int = param(0, ge=0)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 

@@ -36,9 +36,10 @@ distribution actually sampled from also applies top-k / top-p; vLLM reports that
 (`logprobs_mode="processed_logprobs"`): with filtering, a token's log-prob there is the one
 here plus -log(the kept probability mass), never smaller, so the two engines agree exactly
 when top_k = 0 and top_p = 1 (the defaults). Cost: the logits are scaled once, for both the
-sampler and the log-probs, and each step adds one logsumexp and a gather over the active rows
-into a preallocated [rows, max_new_tokens] tensor (2 % of decode time or less, measured in
-docs/performance.md's shape). Greedy decoding (evaluation) reports None, as vLLM's engine does:
+sampler and the log-probs; unfiltered (the defaults), the log-probs are the log of the sampler's
+own softmax at the sampled tokens (a gather per step into a preallocated [rows, max_new_tokens]
+tensor: no measurable time); filtered, one more softmax over the active rows' logits per step
+(small beside top-p's sort). Greedy decoding (evaluation) reports None, as vLLM's engine does:
 no training step reads its rows, and it saves the work.
 
 When the engine shares the policy's model object (colocated in one process, the default),
@@ -85,17 +86,33 @@ def sample_tokens(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     sampling with one uniform number per row (`uniform` [B] in [0, 1)): the first index whose
     cumulative probability exceeds u * total. Exact in distribution, like
     `torch.multinomial(softmax(logits), 1)`, at a fraction of its cost on CPU."""
-    cdf = logits.softmax(dim=-1).cumsum(dim=-1)
+    return sample_probs(logits.softmax(dim=-1), uniform)
+
+
+def sample_probs(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """`sample_tokens` given the probabilities softmax(logits) [B, V] (the engine reuses them
+    for the log-probs)."""
+    cdf = probs.cumsum(dim=-1)
     target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return index.clamp_(max=logits.size(-1) - 1)  # u * total rounding up onto the last edge
+    return index.clamp_(max=probs.size(-1) - 1)  # u * total rounding up onto the last edge
 
 
-def token_logprobs(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """[B] float32 log softmax(`scaled`)[b, tokens[b]] of `scaled` [B, V], the float32 logits
-    divided by the temperature and not filtered: what the policy worker's log-probs of the
-    completion are (see the module docstring). One logsumexp and one gather."""
-    return scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+def token_logprobs(scaled: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B] float32 log softmax(`scaled`)[b, tokens[b]], where `scaled` [B, V] are the float32
+    logits divided by the temperature, not filtered, and `probs` = softmax(`scaled`): what the
+    policy worker's log-probs of the completion are (see the module docstring). The log of the
+    gathered probability, equal to scaled_t - logsumexp(scaled) up to float rounding (a few ulp)
+    at the cost of a gather; a probability that underflowed to 0 (a token the sampler can only
+    reach by rounding onto the last edge) is recomputed as the latter, so it stays finite."""
+    logp = probs.gather(1, tokens.unsqueeze(1)).squeeze(1).log()
+    lost = torch.isneginf(logp)
+    if bool(lost.any()):
+        rows = lost.nonzero().squeeze(1)
+        z = scaled[rows]
+        exact = z.gather(1, tokens[rows].unsqueeze(1)).squeeze(1) - torch.logsumexp(z, -1)
+        logp = logp.index_put((rows,), exact)
+    return logp
 
 
 class HFEngine:
@@ -231,8 +248,11 @@ class HFEngine:
                 if params.temperature != 1.0:
                     scaled = scaled / params.temperature
                 filtered = filter_logits(scaled, 1.0, params.top_k, params.top_p)
-                nxt = sample_tokens(filtered, uniform[active, t])
-                logprobs[active, t] = token_logprobs(scaled, nxt)
+                probs = filtered.softmax(dim=-1)
+                nxt = sample_probs(probs, uniform[active, t])
+                if filtered is not scaled:  # top-k / top-p renormalised the sampler's: not the trainer's
+                    probs = scaled.softmax(dim=-1)
+                logprobs[active, t] = token_logprobs(scaled, probs, nxt)
             tokens[active, t] = nxt
             done = torch.isin(nxt, eos)
             if params.stop:
