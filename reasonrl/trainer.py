@@ -23,7 +23,7 @@ import torch
 
 from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import StepBatch, TrainBatch
-from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
+from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, from_plain, read_checkpoint
 from reasonrl.collect import collect_batch
 from reasonrl.config import Config, to_dict
 from reasonrl.data import PromptSampler, load_examples
@@ -32,7 +32,7 @@ from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
 from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
-from reasonrl.producer import Producer, load_in_flight, split_threads, version_for
+from reasonrl.producer import Producer, split_threads, version_for
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
@@ -215,11 +215,11 @@ class Trainer:
         """The rollout process, from this step on: a resumed run's batches in flight given back,
         this version published (which asks for the batches it generates)."""
         t, r = self.cfg.trainer, self.cfg.rollout
-        in_flight = None if self.in_flight is None else load_in_flight(self.in_flight, "state.pt in_flight")
+        in_flight = None if self.in_flight is None else from_plain(self.in_flight, "state.pt in_flight")
         threads = split_threads(t.threads, r.threads)[1]
         producer = Producer(self.cfg, self.train_examples, self.sampling, threads, start=self.step_count,
                             in_flight=in_flight)
-        producer.publish(self.step_count, self.policy)
+        producer.publish(self.step_count, self.policy, self.policy.weights_checksum())
         self.in_flight = None
         return producer
 
@@ -229,9 +229,9 @@ class Trainer:
         them (`WeightSyncError` otherwise); later rollouts carry this version
         (`reasonrl.placement.sync`). Asynchronous training also hands the version to the
         rollout process (`Producer.publish`: copied, if a batch still to come needs it)."""
-        self.workers.sync.push(self.step_count)
-        if self.producer is not None:
-            self.producer.publish(self.step_count, self.policy)
+        checks = self.workers.sync.push(self.step_count)
+        if self.producer is not None:  # the checksum the push was checked against: computed once
+            self.producer.publish(self.step_count, self.policy, checks["expected_checksum"])
 
     def evaluate(self) -> dict[str, float]:
         """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
@@ -272,7 +272,7 @@ class Trainer:
         config = to_dict(self.cfg)
         sampler, extra = self.sampler.state_dict(), None
         if self.producer is not None and (kept := self.producer.in_flight(self.step_count)) is not None:
-            sampler, extra = self.producer.sampler_state(self.step_count), {"in_flight": kept}
+            sampler, extra = kept["state"]["sampler"], {"in_flight": kept}
         state = {"sampler": sampler, "config": config, "config_hash": config_hash(config),
                  "eval_before": eval_before, "bad_steps": self.bad_steps}
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
 from safetensors.torch import load_file
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
@@ -23,15 +24,11 @@ from reasonrl.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 STEPS = 4
-TRAINS = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:length",
-          "reward.isolate_fn=false", "optim.lr=1e-4"]
 
 
 def cfg_for(out: Path, name: str, *overrides: str):
-    return load_config(REPO / "configs" / "smoke.yaml", [
-        f"trainer.output_dir={out}", f"trainer.run_name={name}", "trainer.progress=false",
-        f"trainer.steps={STEPS}", "trainer.threads=1", "rollout.threads=1", "tracking.report=false",
-        *TRAINS, *overrides])
+    """The smoke run of tests/helpers, 4 steps, one thread on each side."""
+    return smoke_cfg(out, name, f"trainer.steps={STEPS}", "rollout.threads=1", "optim.lr=1e-4", *overrides)
 
 
 def metrics(run: Path) -> list[dict]:

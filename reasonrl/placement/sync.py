@@ -77,8 +77,10 @@ class WeightSync:
     def __init__(self, policy: PolicyWorkerAPI, rollout: RolloutWorkerAPI, transport: Transport):
         self.policy, self.rollout, self.transport = policy, rollout, transport
 
-    def push(self, version: int) -> None:
+    def push(self, version: int) -> dict:
+        """The checks the push passed (version, expected_checksum, expected_probe)."""
         probe = self.rollout.probe_due()
         checks = dict(version=version, expected_checksum=self.policy.weights_checksum(),
                       expected_probe=None if probe is None else self.policy.probe_logprobs(probe))
         self.transport.send(checks)
+        return checks

@@ -81,6 +81,20 @@ def _figure(width: float = 6.0, height: float = 3.3):
     return fig, fig.add_subplot()
 
 
+
+def stacked_per_step(ax, steps: list[int], heights: list[list[float]], colors: list,
+                     labels: list[str]) -> None:
+    """One stacked bar per step (a layer per row of `heights`); stacked areas past 300 steps,
+    where bars are too thin to see and slow to draw."""
+    if len(steps) > 300:
+        ax.stackplot(steps, heights, colors=colors, labels=labels, step="mid")
+        return
+    bottom = [0.0] * len(steps)
+    for label, h, color in zip(labels, heights, colors, strict=True):
+        ax.bar(steps, h, bottom=bottom, width=0.8, color=color, label=label)
+        bottom = [b + x for b, x in zip(bottom, h, strict=True)]
+
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -193,14 +207,7 @@ def draw_time(runs: list[Run]) -> str | None:
         fig, ax = _figure(12.0, 3.6)
         steps = sorted(table)
         heights = [[table[t].get(stage, 0.0) for t in steps] for stage in stages]
-        colors = [COLORS[i % len(COLORS)] for i in range(len(stages))]
-        if len(steps) > 300:  # bars too thin to see (and slow to draw): stacked areas
-            ax.stackplot(steps, heights, colors=colors, labels=stages, step="mid")
-        else:
-            bottom = [0.0] * len(steps)
-            for stage, h, color in zip(stages, heights, colors, strict=True):
-                ax.bar(steps, h, bottom=bottom, width=0.8, color=color, label=stage)
-                bottom = [b + x for b, x in zip(bottom, h, strict=True)]
+        stacked_per_step(ax, steps, heights, [COLORS[i % len(COLORS)] for i in range(len(stages))], stages)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("seconds")
@@ -259,13 +266,7 @@ def draw_staleness(run: Run, named: bool = False) -> str | None:
     heights = [[table[t][k] for t in steps] for k in lags]
     colors = [COLORS[k % len(COLORS)] for k in lags]
     labels = [f"lag {k}" + (" (on-policy)" if k == 0 else "") for k in lags]
-    if len(steps) > 300:  # bars too thin to see (and slow to draw): stacked areas
-        ax.stackplot(steps, heights, colors=colors, labels=labels, step="mid")
-    else:
-        bottom = [0.0] * len(steps)
-        for label, h, color in zip(labels, heights, colors, strict=True):
-            ax.bar(steps, h, bottom=bottom, width=0.8, color=color, label=label)
-            bottom = [b + x for b, x in zip(bottom, h, strict=True)]
+    stacked_per_step(ax, steps, heights, colors, labels)
     ax.set_ylim(0.0, 1.03)
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
