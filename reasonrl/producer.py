@@ -39,6 +39,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import queue
 import threading
 import time
 import traceback
@@ -53,9 +54,10 @@ from reasonrl.collect import collect_batch
 from reasonrl.config import Config, resolve_device
 from reasonrl.data import PromptSampler
 from reasonrl.errors import ProducerError
+from reasonrl.evaluate import eval_metrics, evaluate
 from reasonrl.placement import load_model, make_rollout
 from reasonrl.rng import rng_state, seed_everything, set_rng_state
-from reasonrl.rollout import SamplingParams
+from reasonrl.rollout import SamplingParams, prompt_seeds
 
 
 def version_for(batch: int, staleness: int) -> int:
@@ -108,58 +110,206 @@ def from_bytes(data: bytes, where: str):
     return from_plain(torch.load(io.BytesIO(data), weights_only=True), where)
 
 
-# ---- the rollout process ----------------------------------------------------------------------
+# ---- the rollout side: one command loop, in a process (local mode) or a thread (ray mode) ------
 
-def producer_state(sampler: PromptSampler) -> dict:
-    """What a resumed process needs to continue as this one: the sampler and every RNG."""
-    return {"sampler": sampler.state_dict(), "rng": plain_rng(rng_state())}
+class LocalSide:
+    """The rollout process of placement.mode=local: its own model and engine, its own torch
+    threads, the process's global RNG seeded `trainer.seed + 1` for the prompt seeds."""
+
+    def __init__(self, cfg: Config, examples: list[Example], threads: int):
+        torch.set_num_threads(threads)
+        model, tokenizer = load_model(cfg, resolve_device(cfg.placement.device))
+        self.rollout = make_rollout(cfg, model, tokenizer)
+        seed_everything(cfg.trainer.seed + 1)  # the process's own stream (prompt seeds)
+        self.sampler = PromptSampler(examples, cfg.trainer.seed, cfg.data.shuffle)
+
+    def load(self, version: int, payload) -> None:
+        buffers, layout, checksum = payload
+        self.rollout.load_weights(unshare_weights(buffers, layout), version=version,
+                                  expected_checksum=checksum)
+
+    def state(self) -> dict:
+        """What a resumed process needs to continue as this one: the sampler and every RNG."""
+        return {"sampler": self.sampler.state_dict(), "rng": plain_rng(rng_state())}
+
+    def set_state(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(numpy_rng(state["rng"]))
+
+    @staticmethod
+    def pack(payload: dict) -> bytes:  # what crosses the pipe: plain data, loaded weights-only
+        return to_bytes(payload)
+
+    def evaluate(self) -> dict[str, float]:
+        raise ValueError("the local rollout process does not evaluate: the trainer's engine does")
+
+
+class SeededRollout:
+    """A rollout worker whose prompt seeds come from `generator` rather than torch's global
+    RNG (which the trainer's own thread also uses); every other call passes through."""
+
+    def __init__(self, rollout, generator: torch.Generator):
+        self.worker, self.generator = rollout, generator
+
+    def rollout(self, examples, params, seeds: list[int] | None = None):
+        if seeds is None and not params.greedy:
+            seeds = prompt_seeds(len(examples), self.generator)
+        return self.worker.rollout(examples, params, seeds)
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+
+@dataclass
+class RayParts:
+    """What the ray-mode producer drives, all built by `reasonrl.placement`: the rollout
+    replicas (`RemoteRollout`), the streamed sync to them (`StreamedBuckets`: snapshot now, load
+    later), the probe's ids when the engine checks pushes by log-probs, and the held-out eval
+    (which the replicas run in the same ordered stream)."""
+
+    rollout: object
+    transport: object
+    probe: list[int] | None
+    held_out: list[Example]
+    eval_settings: object
+
+
+class RaySide:
+    """The producer of placement.mode=ray, a thread of the trainer's process: the rollout
+    replicas' actors generate, rewards are scored here, the prompt seeds come from a generator
+    of its own seeded `trainer.seed + 1` (as the local process's RNG, so both modes draw the
+    same seeds), and the held-out eval runs here too, in the stream's order, so that it sees
+    exactly the version it is asked for."""
+
+    def __init__(self, cfg: Config, examples: list[Example], parts: RayParts):
+        self.cfg, self.parts = cfg, parts
+        self.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1)
+        self.rollout = SeededRollout(parts.rollout, self.generator)
+        self.sampler = PromptSampler(examples, cfg.trainer.seed, cfg.data.shuffle)
+
+    def load(self, version: int, payload) -> None:
+        refs, checks = payload
+        if checks["expected_probe"] is not None and self.parts.rollout.probe_due() is None:
+            checks = {**checks, "expected_probe": None}  # computed at publish: this push is not probed
+        self.parts.transport.load(refs, checks)
+
+    def state(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "generator": self.generator.get_state()}
+
+    def set_state(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.generator.set_state(state["generator"])
+
+    @staticmethod
+    def pack(payload: dict) -> dict:  # same process: handed over as it is
+        return payload
+
+    def evaluate(self) -> dict[str, float]:
+        p = self.parts
+        found = evaluate(self.rollout, None, p.held_out, p.eval_settings, self.cfg.reward)
+        return eval_metrics(found.results, p.eval_settings.ks)
+
+
+def run_commands(conn, side, cfg: Config, sampling: SamplingParams) -> None:
+    """The trainer's commands, in order, until `stop` or the channel closes (the trainer is
+    gone): `state`, `weights` (answered `loaded`), `produce` (answered with the batch, the
+    side's state after it and its stats), `eval` (answered with the held-out metrics)."""
+    idle_since, pause, busy = time.perf_counter(), 0.0, 0.0
+    while True:
+        try:
+            command, *args = conn.recv()
+        except EOFError:
+            return
+        if command == "stop":
+            return
+        if command == "state":
+            side.set_state(args[0])
+        elif command == "weights":
+            version, payload = args
+            t = time.perf_counter()
+            side.load(version, payload)
+            pause += time.perf_counter() - t
+            del payload
+            conn.send(("loaded", version))
+        elif command == "eval":
+            t = time.perf_counter()
+            conn.send(("eval", args[0], {**side.evaluate(), "time/eval": time.perf_counter() - t}))
+            busy += time.perf_counter() - t
+        elif command == "produce":
+            (b,) = args
+            started = time.perf_counter()
+            idle = started - idle_since - pause - busy
+            batch = collect_batch(side.rollout, side.sampler, sampling, cfg)
+            stats = {"async/producer_idle": max(idle, 0.0), "async/sync_pause": pause}
+            conn.send(("batch", b, side.pack({"batch": batch, "state": side.state(), "stats": stats})))
+            idle_since, pause, busy = time.perf_counter(), 0.0, 0.0
+        else:
+            raise ValueError(f"rollout producer: unknown command {command!r}")
 
 
 def serve(conn, cfg: Config, examples: list[Example], sampling: SamplingParams, threads: int) -> None:
-    """The rollout process: build the engine, then run the trainer's commands in order until
-    `stop` or the pipe closes (the trainer is gone). Any failure goes back as its traceback."""
-    torch.set_num_threads(threads)
+    """The rollout process (local mode): build the engine, then run the commands. Any failure
+    goes back as its traceback."""
     try:
-        model, tokenizer = load_model(cfg, resolve_device(cfg.placement.device))
-        rollout = make_rollout(cfg, model, tokenizer)
-        seed_everything(cfg.trainer.seed + 1)  # the process's own stream (prompt seeds)
-        sampler = PromptSampler(examples, cfg.trainer.seed, cfg.data.shuffle)
-        idle_since, pause = time.perf_counter(), 0.0
-        while True:
-            try:
-                command, *args = conn.recv()
-            except EOFError:
-                return
-            if command == "stop":
-                return
-            if command == "state":
-                state = args[0]
-                sampler.load_state_dict(state["sampler"])
-                set_rng_state(numpy_rng(state["rng"]))
-            elif command == "weights":
-                version, buffers, layout, checksum = args
-                t = time.perf_counter()
-                rollout.load_weights(unshare_weights(buffers, layout), version=version,
-                                     expected_checksum=checksum)
-                pause += time.perf_counter() - t
-                del buffers
-                conn.send(("loaded", version))
-            elif command == "produce":
-                (b,) = args
-                started = time.perf_counter()
-                idle = started - idle_since - pause
-                batch = collect_batch(rollout, sampler, sampling, cfg)
-                stats = {"async/producer_idle": max(idle, 0.0), "async/sync_pause": pause}
-                payload = {"batch": batch, "state": producer_state(sampler), "stats": stats}
-                conn.send(("batch", b, to_bytes(payload)))
-                idle_since, pause = time.perf_counter(), 0.0
-            else:
-                raise ValueError(f"rollout process: unknown command {command!r}")
+        run_commands(conn, LocalSide(cfg, examples, threads), cfg, sampling)
     except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
         try:
             conn.send(("error", traceback.format_exc()))
         except (OSError, EOFError):
             pass
+
+
+def serve_in_thread(conn, cfg: Config, examples: list[Example], sampling: SamplingParams,
+                    parts: RayParts) -> None:
+    """The ray-mode producer's thread: the same commands, the replicas generating."""
+    try:
+        run_commands(conn, RaySide(cfg, examples, parts), cfg, sampling)
+    except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class _Closed:
+    """The end-of-channel marker of `QueueEnd`."""
+
+
+class QueueEnd:
+    """One end of an in-process duplex channel with a `multiprocessing.Pipe` end's methods
+    (`send`, `recv`: EOFError once the other end closed, `close`), for the producer's thread."""
+
+    def __init__(self, inbox: queue.Queue, outbox: queue.Queue):
+        self.inbox, self.outbox, self.closed = inbox, outbox, False
+
+    def send(self, obj) -> None:
+        if self.closed:
+            raise OSError("the channel is closed")
+        self.outbox.put(obj)
+
+    def recv(self):
+        obj = self.inbox.get()
+        if obj is _Closed:
+            self.inbox.put(_Closed)  # every later recv sees the end too
+            raise EOFError
+        return obj
+
+    def drop_unread(self) -> None:
+        """Forget what was sent and not yet received by the other end."""
+        while True:
+            try:
+                self.outbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.outbox.put(_Closed)
+
+
+def queue_pipe() -> tuple[QueueEnd, QueueEnd]:
+    a, b = queue.Queue(), queue.Queue()
+    return QueueEnd(a, b), QueueEnd(b, a)
 
 
 # ---- the trainer's side -----------------------------------------------------------------------
@@ -174,36 +324,56 @@ class Produced:
 
 
 class Producer:
-    """The trainer's handle on the rollout process (see the module docstring): `publish` each
-    new policy version, `take` each step's batch, `in_flight` for a checkpoint, `close`."""
+    """The trainer's handle on the rollout side (see the module docstring): `publish` each new
+    policy version, `take` each step's batch, `evaluate` (ray mode), `in_flight` for a
+    checkpoint, `close`. `ray`: the ray-mode parts (a thread driving the replicas); None: the
+    local rollout process, with `threads` torch threads."""
 
-    def __init__(self, cfg: Config, examples: list[Example], sampling: SamplingParams, threads: int,
-                 start: int, in_flight: dict | None = None):
+    def __init__(self, cfg: Config, examples: list[Example], sampling: SamplingParams, start: int,
+                 in_flight: dict | None = None, threads: int = 1, ray: RayParts | None = None):
         self.cfg, self.staleness, self.steps = cfg, cfg.trainer.max_staleness, cfg.trainer.steps
+        self.ray = ray
         self.batches: dict[int, Produced] = {}
+        self.evals: dict[int, dict[str, float]] = {}
         self.error: str | None = None
         self.cond = threading.Condition()
         self.next_batch = start  # the first batch not asked for yet
-        self.shared: dict[int, dict] = {}  # versions sent and not yet loaded: their buffers
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, cfg, examples, sampling, threads),
-                                   name="reasonrl-rollout", daemon=False)
-        self.process.start()
-        child.close()
-        # not waited for: the commands queue in the pipe while the process builds its engine, and a
-        # failure to start is raised by `take`
+        self.sent: int | None = None  # the last version whose weights were sent
+        self.asked_eval: set[int] = set()
+        self.shared: dict[int, object] = {}  # versions sent and not yet loaded: their buffers / snapshot
+        if ray is None:
+            ctx = mp.get_context("spawn")
+            self.conn, child = ctx.Pipe()
+            self.worker = ctx.Process(target=serve, args=(child, cfg, examples, sampling, threads),
+                                      name="reasonrl-rollout", daemon=False)
+            self.worker.start()
+            child.close()
+            self.what = "the rollout process"
+        else:
+            self.conn, child = queue_pipe()
+            self.worker = threading.Thread(target=serve_in_thread, args=(child, cfg, examples, sampling, ray),
+                                           name="reasonrl-rollout-producer", daemon=True)
+            self.worker.start()
+            self.what = "the rollout producer (a thread driving the rollout replicas)"
+        # not waited for: the commands queue while the other side builds its engine, and a failure
+        # to start is raised by `take`
         self.receiver = threading.Thread(target=self._receive, name="reasonrl-rollout-receiver", daemon=True)
         self.receiver.start()
-        if in_flight:  # resumed: the batches the checkpoint kept, and the process's state after them
+        if in_flight:  # resumed: the batches the checkpoint kept, and the side's state after them
             for b, produced in in_flight["batches"].items():
                 self.batches[int(b)] = Produced(produced["batch"], produced["state"], produced["stats"])
             self._send("state", in_flight["state"])
             self.next_batch = max(self.batches) + 1
 
+    def _ended(self) -> str:
+        if self.ray is not None:
+            return f"{self.what} ended"
+        self.worker.join(1)
+        return f"{self.what} exited (exit code {self.worker.exitcode})"
+
     def _receive(self) -> None:
-        """The receiving thread: batches into `batches`, acknowledged weights out of `shared`."""
-        process = self.process
+        """The receiving thread: batches into `batches`, eval metrics into `evals`, acknowledged
+        weights out of `shared`."""
         try:
             while True:
                 kind, *args = self.conn.recv()
@@ -211,41 +381,85 @@ class Producer:
                     if kind == "loaded":
                         self.shared.pop(args[0], None)
                     elif kind == "batch":
-                        got = from_bytes(args[1], f"the rollout process's batch {args[0]}")
+                        got = args[1]
+                        if isinstance(got, bytes):
+                            got = from_bytes(got, f"{self.what}'s batch {args[0]}")
                         self.batches[args[0]] = Produced(got["batch"], got["state"], got["stats"])
+                    elif kind == "eval":
+                        self.evals[args[0]] = args[1]
                     elif kind == "error":
                         self.error = args[0]
                     self.cond.notify_all()
         except (EOFError, OSError):
+            ended = self._ended() if self.worker is not None else f"{self.what} was closed"
             with self.cond:
                 if self.error is None:
-                    process.join(1)
-                    self.error = f"the rollout process exited (exit code {process.exitcode})"
+                    self.error = ended
                 self.cond.notify_all()
 
-    def publish(self, version: int, policy, checksum: float) -> None:
-        """Policy version `version` exists (`policy` holds it, `checksum` its `weights_checksum`):
-        send it if a batch still to be asked for is generated by it, and ask for every batch it
-        allows."""
+    def _send_weights(self, version: int, policy, checksum: float | None) -> None:
+        """Version `version`'s weights, taken now (the next update would change them): a shared
+        buffer (local) or a snapshot in Ray's object store (ray), with the checks to pass."""
+        if checksum is None:
+            checksum = policy.weights_checksum()
+        if self.ray is None:
+            buffers, layout = share_weights(policy.named_weights())
+            kept, payload = buffers, (buffers, layout, checksum)
+        else:
+            refs = self.ray.transport.snapshot(f"policy version {version}")
+            probe = None if self.ray.probe is None else policy.probe_logprobs(self.ray.probe)
+            kept = refs
+            payload = (refs, dict(version=version, expected_checksum=checksum, expected_probe=probe))
+        with self.cond:
+            self.shared[version] = kept  # kept alive until the other side has loaded them
+        self._send("weights", version, payload)
+        self.sent = version
+
+    def publish(self, version: int, policy, checksum: float | None = None, evaluate: bool = False) -> None:
+        """Policy version `version` exists (`policy` holds it, `checksum` its `weights_checksum`,
+        computed here when None and needed):
+        send it if a batch still to be asked for is generated by it (or `evaluate`: ray mode's
+        held-out eval of it, asked for before those batches), and ask for every batch it allows."""
         todo = [b for b in range(self.next_batch, self.steps) if version_for(b, self.staleness) <= version]
+        if evaluate:
+            self.ask_eval(version, policy, checksum)
         if not todo:
             return
-        buffers, layout = share_weights(policy.named_weights())
-        with self.cond:
-            self.shared[version] = buffers  # kept alive until the process has loaded them
-        self._send("weights", version, buffers, layout, checksum)
+        if self.sent != version:
+            self._send_weights(version, policy, checksum)
         for b in todo:
             self._send("produce", b)
         self.next_batch = todo[-1] + 1
+
+    def ask_eval(self, version: int, policy, checksum: float | None = None) -> None:
+        """Ray mode: the held-out eval of version `version` (its weights sent first if they were
+        not), in the stream's order; `evaluate` waits for it."""
+        if version in self.asked_eval:
+            return
+        if self.sent != version:
+            self._send_weights(version, policy, checksum)
+        self._send("eval", version)
+        self.asked_eval.add(version)
+
+    def evaluate(self, version: int, policy, checksum: float | None = None) -> dict[str, float]:
+        """Ray mode: the held-out metrics of version `version` (asked for now if `publish` did
+        not), with their `time/eval`."""
+        self.ask_eval(version, policy, checksum)
+        with self.cond:
+            while version not in self.evals:
+                self._raise_if_failed(f"evaluating policy version {version}")
+                self.cond.wait(1.0)
+            self.asked_eval.discard(version)
+            return self.evals.pop(version)
 
     def _send(self, *command) -> None:
         try:
             self.conn.send(command)
         except OSError:
-            self.process.join(1)
+            error = self._ended()
             with self.cond:
-                error = self.error or f"the rollout process exited (exit code {self.process.exitcode})"
-            raise ProducerError(f"cannot send {command[0]!r} to the rollout process: {error}") from None
+                error = self.error or error
+            raise ProducerError(f"cannot send {command[0]!r} to {self.what}: {error}") from None
 
     def take(self, b: int) -> tuple[StepBatch, dict[str, float]]:
         """Batch `b` (waiting for it), and its stats with `async/wait`, the seconds waited."""
@@ -255,20 +469,22 @@ class Producer:
             del self.batches[b]
         return produced.batch, {**produced.stats, "async/wait": time.perf_counter() - t}
 
+    def _raise_if_failed(self, doing: str) -> None:
+        if self.error is not None:
+            raise ProducerError(f"{self.what} failed while {doing}:\n{self.error}")
+
     def _wait_for(self, b: int) -> Produced:
         if b >= self.next_batch and b not in self.batches:
             raise ProducerError(f"batch {b} was never asked for (next: {self.next_batch})")
         with self.cond:
             while b not in self.batches:
-                if self.error is not None:
-                    raise ProducerError(f"the rollout process failed while producing batch {b}:\n"
-                                        f"{self.error}")
+                self._raise_if_failed(f"producing batch {b}")
                 self.cond.wait(1.0)
             return self.batches[b]
 
     def in_flight(self, step: int) -> dict | None:
         """For a checkpoint after `step` steps: the batches asked for before it (waited for) and
-        the process's state after the last of them, as plain data; None when there is none."""
+        the side's state after the last of them, as plain data; None when there is none."""
         wanted = list(range(step, self.next_batch))
         if not wanted:
             return None
@@ -278,17 +494,19 @@ class Producer:
                          "state": kept[wanted[-1]].state})
 
     def close(self) -> None:
-        """Stop the process (asked first, then killed); safe to call twice."""
-        if self.process is None:
+        """Stop the other side (asked first; a process is then killed); safe to call twice."""
+        if self.worker is None:
             return
         try:
             self.conn.send(("stop",))
         except (OSError, ValueError):
             pass
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+        worker, self.worker = self.worker, None
+        if self.ray is not None:  # commands not started yet are dropped: the thread stops next
+            self.conn.drop_unread()
+            self.conn.send(("stop",))
+        worker.join(10)
+        if self.ray is None and worker.is_alive():
+            worker.kill()
+            worker.join(5)
         self.conn.close()
-        self.process = None
-

@@ -32,13 +32,15 @@ from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
 from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
-from reasonrl.producer import Producer, split_threads, version_for
+from reasonrl.producer import Producer, RayParts, split_threads, version_for
+from reasonrl.registry import ENGINES
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
 from reasonrl.run import RunDir, StopSignals
 from reasonrl.tracking import Tracker
+from reasonrl.weights import probe_ids
 
 
 @dataclass
@@ -94,7 +96,9 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
-        if t.max_staleness > 0:  # the rollout process runs beside: the cores are shared out
+        # asynchronous ray mode: a thread of this process drives the rollout replicas
+        self.ray_async = t.max_staleness > 0 and cfg.placement.mode == "ray"
+        if t.max_staleness > 0 and not self.ray_async:  # the rollout process runs beside: cores shared out
             torch.set_num_threads(split_threads(t.threads, r.threads)[0])
         else:
             torch.set_num_threads(t.threads or os.cpu_count() or 1)
@@ -211,27 +215,50 @@ class Trainer:
         hist = {f"async/staleness_{k}": float(k == lag) for k in range(staleness + 1)}
         return batch, {**stats, "async/staleness": float(lag), **hist}
 
-    def start_producer(self) -> Producer:
-        """The rollout process, from this step on: a resumed run's batches in flight given back,
-        this version published (which asks for the batches it generates)."""
+    def start_producer(self, evaluate: bool = False) -> Producer:
+        """The rollout process (ray mode: the producer's thread), from this step on: a resumed
+        run's batches in flight given back, this version published (which asks for the batches
+        it generates; with `evaluate`, ray mode's held-out eval of it first)."""
         t, r = self.cfg.trainer, self.cfg.rollout
         in_flight = None if self.in_flight is None else from_plain(self.in_flight, "state.pt in_flight")
         threads = split_threads(t.threads, r.threads)[1]
-        producer = Producer(self.cfg, self.train_examples, self.sampling, threads, start=self.step_count,
-                            in_flight=in_flight)
-        producer.publish(self.step_count, self.policy, self.policy.weights_checksum())
+        producer = Producer(self.cfg, self.train_examples, self.sampling, start=self.step_count,
+                            in_flight=in_flight, threads=threads, ray=self.ray_parts())
+        producer.publish(self.step_count, self.policy, evaluate=evaluate)
         self.in_flight = None
         return producer
+
+    def ray_parts(self) -> RayParts | None:
+        """Ray mode's producer: the replicas, the streamed sync, the probe's ids when the engine
+        checks pushes by log-probs, the held-out set and its settings. None in local mode."""
+        if not self.ray_async:
+            return None
+        cfg = self.cfg
+        probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
+        probe = probe_ids(self.workers.tokenizer) if probes else None
+        return RayParts(self.rollout, self.workers.sync.transport, probe, self.held_out, self.eval_settings)
 
     def sync_weights(self) -> None:
         """Push the policy's weights to the rollout engine and check, by checksum (and for
         engines that want it, the log-probs of a probe sequence), that the engine serves
         them (`WeightSyncError` otherwise); later rollouts carry this version
         (`reasonrl.placement.sync`). Asynchronous training also hands the version to the
-        rollout process (`Producer.publish`: copied, if a batch still to come needs it)."""
+        rollout process (`Producer.publish`: copied, if a batch still to come needs it). In ray
+        mode the replicas are the producer's alone: the version is only published (snapshotted
+        into the object store, loaded when the schedule reaches it), with the held-out eval when
+        one is due after this step."""
+        if self.ray_async:  # the replicas are the producer's: it loads a version when its schedule does
+            if self.producer is not None:
+                self.producer.publish(self.step_count, self.policy, evaluate=self.eval_due(self.step_count))
+            return
         checks = self.workers.sync.push(self.step_count)
         if self.producer is not None:  # the checksum the push was checked against: computed once
             self.producer.publish(self.step_count, self.policy, checks["expected_checksum"])
+
+    def eval_due(self, step: int) -> bool:
+        """The held-out eval runs after this step (every `trainer.eval_every`, and after the last)."""
+        every = self.cfg.trainer.eval_every
+        return bool(self.held_out) and ((every and step % every == 0) or step == self.cfg.trainer.steps)
 
     def evaluate(self) -> dict[str, float]:
         """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
@@ -239,6 +266,12 @@ class Trainer:
         The same function and numbers as `reasonrl eval` with those settings (`--greedy`)."""
         if not self.held_out:
             return {}
+        if self.ray_async:  # on the replicas, in the producer's order (`eval_due` asked for it)
+            if self.producer is None:
+                self.producer = self.start_producer()
+            found = self.producer.evaluate(self.step_count, self.policy)
+            seconds = found.pop("time/eval")
+            return {**{f"eval/{k}": v for k, v in found.items()}, "time/eval": seconds}
         t = time.perf_counter()
         found = evaluate(self.rollout, self.policy, self.held_out, self.eval_settings, self.cfg.reward)
         metrics = {f"eval/{k}": v for k, v in eval_metrics(found.results, self.eval_settings.ks).items()}
@@ -257,7 +290,8 @@ class Trainer:
             return run_dir, resumed["eval_before"]
         print(f"[reasonrl] run directory: {run_dir}", flush=True)
         if self.cfg.trainer.max_staleness > 0 and self.producer is None:
-            self.producer = self.start_producer()  # it builds its engine while the eval below runs
+            # it builds its engine while the eval below runs (ray mode: runs the eval first)
+            self.producer = self.start_producer(evaluate=self.ray_async and bool(self.held_out))
         eval_before = self.evaluate()
         if eval_before:
             s = self.eval_settings
@@ -371,8 +405,7 @@ class Trainer:
         metrics, batch, advantages = self.step()
         self.report_reward_failures(batch.scores.failures)
         self.count_bad_step(metrics, batch.scores.failures)
-        every = self.cfg.trainer.eval_every
-        if (every and self.step_count % every == 0) or self.step_count == self.cfg.trainer.steps:
+        if self.eval_due(self.step_count):
             eval_after = self.evaluate()
             metrics.update(eval_after)
         tracker.log(self.step_count, metrics)

@@ -99,6 +99,12 @@ PROBE_TEXT = ("<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistan
               "The quick brown fox jumps over the lazy dog; 3 * (4 - 1) = 9.<|im_end|>")
 
 
+def probe_ids(tokenizer) -> list[int]:
+    """`PROBE_TEXT`'s token ids (no special tokens added): the sequence an engine that probes
+    checks, and whose log-probs the policy gives it."""
+    return tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+
+
 @torch.no_grad()
 def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
     """fp32 log-probs [len(ids) - 1] of ids[1:] given the preceding ids: one transformers

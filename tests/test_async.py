@@ -10,16 +10,25 @@ import os
 import signal
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
-from helpers import keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
+from helpers import assert_metrics_close, keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
 from safetensors.torch import load_file
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
 from reasonrl.checkpoint import from_plain, to_plain
-from reasonrl.config import load_config
-from reasonrl.errors import CheckpointError, ConfigError, ProducerError, TrainingInterrupted
-from reasonrl.producer import share_weights, split_threads, unshare_weights, version_for
+from reasonrl.errors import CheckpointError, ProducerError, TrainingInterrupted
+from reasonrl.producer import (
+    RayParts,
+    RaySide,
+    queue_pipe,
+    share_weights,
+    split_threads,
+    unshare_weights,
+    version_for,
+)
+from reasonrl.rollout import prompt_seeds
 from reasonrl.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
@@ -27,8 +36,10 @@ STEPS = 4
 
 
 def cfg_for(out: Path, name: str, *overrides: str):
-    """The smoke run of tests/helpers, 4 steps, one thread on each side."""
-    return smoke_cfg(out, name, f"trainer.steps={STEPS}", "rollout.threads=1", "optim.lr=1e-4", *overrides)
+    """The smoke run of tests/helpers, 4 steps, one thread on each side, the held-out eval
+    after steps 2 and 4 (besides before step 1)."""
+    return smoke_cfg(out, name, f"trainer.steps={STEPS}", "rollout.threads=1", "optim.lr=1e-4",
+                     "trainer.eval_every=2", *overrides)
 
 
 def metrics(run: Path) -> list[dict]:
@@ -68,11 +79,6 @@ def test_threads_are_shared_out_between_the_two_sides():
     assert split_threads(0, 0, cores=1) == (1, 1)  # both sides still run: they take turns
     assert split_threads(0, 16, cores=64) == (64, 16)
     assert split_threads(8, 0, cores=64) == (8, 32)
-
-
-def test_ray_mode_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match="trainer.max_staleness=1.*placement.mode=local"):
-        load_config(REPO / "configs" / "smoke.yaml", ["trainer.max_staleness=1", "placement.mode=ray"])
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +123,13 @@ def test_a_run_with_batches_in_flight_resumes_bitwise(straight, tmp_path, k):
     """Stopped after step 2 (K batches in flight, made by versions the checkpoint does not hold)
     and resumed to step 4 in new processes: the same weights, metrics and samples as the
     straight run, which is also what shows that a second run with the same seed repeats it."""
-    over = [f"trainer.max_staleness={k}", "trainer.keep_last=0"]
+    stop_and_resume(tmp_path, k)
+    assert_same_run(tmp_path / "r", straight[k])
+
+
+def stop_and_resume(tmp_path: Path, k: int, *overrides: str) -> None:
+    """Run r stopped by SIGINT after step 2 (checked: the batches in flight kept), then resumed."""
+    over = [f"trainer.max_staleness={k}", "trainer.keep_last=0", *overrides]
     trainer = Trainer(cfg_for(tmp_path, "r", *over))
     stop_after_two(trainer)
     with pytest.raises(TrainingInterrupted):
@@ -127,14 +139,102 @@ def test_a_run_with_batches_in_flight_resumes_bitwise(straight, tmp_path, k):
     # asked for after step 2's sync: batches 2 .. 2 + K (those of the 4 steps), versions 0 .. 2
     assert sorted(kept["batches"]) == [str(b) for b in range(2, min(3 + k, STEPS))]
     Trainer(cfg_for(tmp_path, "r", *over, "trainer.resume=auto")).fit()
-    assert_same_run(tmp_path / "r", straight[k])
+
+
+# ---- ray mode: a thread of the trainer drives the rollout replicas ---------------------------
+
+RAY = ["placement.mode=ray", "trainer.max_staleness=1"]
+
+
+def test_ray_mode_trains_as_local_mode_does(ray_session, straight, tmp_path):
+    """K = 1 with the policy and the rollout replica in Ray actors: each version snapshotted into
+    the object store when it exists and loaded by the replica when the schedule reaches it, the
+    prompt seeds from the producer's own generator (seeded as the local process's RNG), the
+    held-out evals (before, after steps 2 and 4) on the replica in the stream's order. Every
+    metric and sample equals local mode's K = 1 run; so do the final weights."""
+    Trainer(cfg_for(tmp_path, "ray", *RAY)).fit()
+    assert_same_run(tmp_path / "ray", straight[1])
+    rows = metrics(tmp_path / "ray")
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 4]
+
+
+def test_ray_mode_resumes_bitwise_with_a_batch_in_flight(ray_session, straight, tmp_path):
+    stop_and_resume(tmp_path, 1, "placement.mode=ray")
+    assert_same_run(tmp_path / "r", straight[1])
+
+
+def test_ray_mode_with_two_ranks_and_two_replicas(ray_session, straight, tmp_path):
+    """The snapshot gathered by two FSDP2 policy ranks, loaded by two rollout replicas (each
+    half of the prompts): local mode's metrics to rel 1e-4 (float32 sums in another order)."""
+    Trainer(cfg_for(tmp_path, "dp", *RAY, "placement.policy.ranks=2", "placement.rollout.replicas=2")).fit()
+    assert_metrics_close(placement_metrics(tmp_path / "dp"), placement_metrics(straight[1]), rel=1e-4)
+
+
+def placement_metrics(run: Path) -> list[dict]:
+    timing = ("async/wait", "async/producer_idle", "async/sync_pause")
+    return [{k: v for k, v in r.items() if k not in timing} for r in helpers.metrics(run)]
+
+
+class FakeReplicas:
+    """The parts a ray-mode producer drives, recording what reaches the replicas."""
+
+    def __init__(self, due):
+        self.due, self.loaded = due, []
+
+    def probe_due(self):
+        return self.due
+
+    def load(self, refs, checks):
+        self.loaded.append((refs, checks))
+
+
+@pytest.mark.parametrize("due", [None, [5, 6]])
+def test_a_probe_computed_at_publish_goes_only_with_a_push_the_engine_probes(due):
+    """The policy's probe log-probs are computed when a version is published (the replicas are
+    busy then); the producer's thread passes them on only when the replicas want that push
+    probed."""
+    fake = FakeReplicas(due)
+    cfg = smoke_cfg(Path("/unused"), "x")
+    side = RaySide(cfg, [], RayParts(fake, fake, [5, 6], [], None))
+    probe = torch.tensor([-0.5])
+    side.load(3, (["ref"], dict(version=3, expected_checksum=1.0, expected_probe=probe)))
+    (refs, checks), = fake.loaded
+    assert refs == ["ref"] and checks["version"] == 3 and checks["expected_checksum"] == 1.0
+    assert checks["expected_probe"] is (probe if due else None)
+
+
+def test_the_ray_producers_seeds_are_the_local_processs():
+    """Local mode's process seeds torch's global RNG with trainer.seed + 1; the ray producer's
+    generator, seeded the same, draws the same prompt seeds; its state round-trips."""
+    cfg = smoke_cfg(Path("/unused"), "x")
+    side = RaySide(cfg, [], RayParts(None, None, None, [], None))
+    state = side.state()
+    torch.manual_seed(cfg.trainer.seed + 1)
+    expected = prompt_seeds(4)
+    assert prompt_seeds(4, side.generator) == expected
+    side.set_state(state)
+    assert prompt_seeds(4, side.generator) == expected
+
+
+def test_the_queue_channel_ends_like_a_pipe():
+    a, b = queue_pipe()
+    a.send(("produce", 1))
+    a.send(("produce", 2))
+    assert b.recv() == ("produce", 1)
+    a.drop_unread()  # what b did not read yet is gone
+    a.close()
+    for _ in range(2):  # every later recv sees the end
+        with pytest.raises(EOFError):
+            b.recv()
+    with pytest.raises(OSError):
+        a.send(("stop",))
 
 
 def test_a_dead_rollout_process_is_an_error_naming_it(tmp_path):
     trainer = Trainer(cfg_for(tmp_path, "dead", "trainer.max_staleness=1"))
     try:
         trainer.step()
-        trainer.producer.process.kill()
+        trainer.producer.worker.kill()
         with pytest.raises(ProducerError, match="rollout process (exited|failed)"):
             for _ in range(3):
                 trainer.step()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import time
 
 import pytest
@@ -216,20 +215,6 @@ def test_local_mode_trains_on_the_gpu(tmp_path, dtype):
 
 
 # ---- Ray -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One Ray instance for the session: 4 logical CPUs (two policy ranks + the rollout
-    worker fit), a small object store; shut down (no process left) at the end."""
-    ray = pytest.importorskip("ray")  # the dev extra; a GPU machine without it skips these
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    t = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,
-             configure_logging=False, log_to_driver=False)
-    print(f"[test_placement] ray.init took {time.perf_counter() - t:.1f} s")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -160,10 +160,6 @@ def trainer_rules(cfg: Config) -> None:
     need(t.batch_size >= r.n and t.batch_size % r.n == 0,
          f"trainer.batch_size: {t.batch_size} completions do not divide into groups of "
          f"rollout.n={r.n}; use a multiple of {r.n}")
-    need(t.max_staleness == 0 or cfg.placement.mode == "local",
-         f"trainer.max_staleness={t.max_staleness}: asynchronous training runs the rollout in a process of "
-         f"its own beside the trainer (placement.mode=local); placement.mode={cfg.placement.mode} is not "
-         "supported with it yet: set trainer.max_staleness=0 or placement.mode=local")
 
 
 def placement_rules(cfg: Config) -> None:

@@ -45,6 +45,18 @@ class ActorGroup:
         kept = {"all": lambda rank: True, "first": lambda rank: rank == 0, "none": lambda rank: False}[keep]
         return [a.call.remote(method, args, kwargs or {}, kept(rank)) for rank, a in enumerate(self.actors)]
 
+    def ready(self, refs: list, what: str) -> None:
+        """Wait, within placement.call_timeout, until `refs` are computed, without fetching
+        them here (a snapshot's weights stay in the object store). A call that failed is raised
+        by whoever gets its result (a replica loading a snapshot: named by its `wait`)."""
+        import ray
+
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=self.timeout, fetch_local=False)
+        if late:
+            raise PlacementError(f"ray: the {self.name} worker did not finish {what} within "
+                                 f"{self.timeout:g} s (placement.call_timeout); it holds {self.request}. "
+                                 "Raise placement.call_timeout if the work is just slow")
+
     def wait(self, refs: list, what: str, names: list[str] | None = None) -> list:
         """ray.get(refs) within placement.call_timeout. `names`: whose each ref is (a rollout
         replica), for the errors: the ones that time out or die are named, and a

@@ -14,6 +14,8 @@ mismatch; later rollouts carry `version`). The transports:
   push gathers one bucket at a time on the policy's rank 0 (`weight_bucket`) and every
   rollout replica loads it through Ray's object store (`load_weight_bucket`, the last with
   the checks), actor to actor, never through the trainer, at most two buckets in flight.
+  Asynchronous training splits a push in two: `snapshot` (the buckets gathered into the object
+  store when the version exists) and `load` (by the replicas, when the schedule reaches it).
 """
 
 from __future__ import annotations
@@ -68,6 +70,31 @@ class StreamedBuckets:
             del ref  # the bucket leaves the object store once every replica has loaded it
         self.replicas.wait(loading, what, self.replicas.names)
         self.policy.wait(gathered, f"weight_bucket() for {what}")
+
+    def snapshot(self, what: str) -> list:
+        """Every bucket of the plan gathered now on the policy's rank 0, as object references
+        (not fetched here): the weights as they are at this call. The policy's actors run calls
+        in the order they are sent, so a later update cannot reach them; a snapshot stays in the
+        object store until its references are dropped. For `load` later (asynchronous training:
+        the replicas are generating with an older version now)."""
+        refs, others = [], []
+        for names in self.plan or [[]]:
+            ref, *rest = self.policy.start("weight_bucket", (names,), keep="first")
+            refs.append(ref)
+            others += rest
+        self.policy.ready(refs, f"weight_bucket() for {what}")
+        self.policy.wait(others, f"weight_bucket() for {what}")
+        return refs
+
+    def load(self, refs: list, checks: dict) -> None:
+        """Every replica loads a `snapshot`'s buckets in order, the last with the checks."""
+        what = f"load_weights(version={checks['version']})"
+        loading, names = [], []
+        for i, ref in enumerate(refs):
+            method, kwargs = ("load_weights", checks) if i == len(refs) - 1 else ("load_weight_bucket", {})
+            loading += self.replicas.start(method, (ref,), kwargs, keep="none")
+            names += self.replicas.names
+        self.replicas.wait(loading, what, names)
 
 
 class WeightSync:

@@ -42,12 +42,12 @@ class Generation:
 SEED_BOUND = 2**31 - 1  # per-prompt seeds are drawn in [0, SEED_BOUND) (vLLM takes them as int32 too)
 
 
-def prompt_seeds(count: int) -> list[int]:
+def prompt_seeds(count: int, generator: torch.Generator | None = None) -> list[int]:
     """One sampling seed per prompt, drawn in prompt order from torch's global RNG (which
-    `trainer.seed` seeds and checkpoints save). An engine samples prompt i's completions from
-    seed i alone, so the samples do not depend on how the prompts are batched or split
-    between rollout replicas."""
-    return torch.randint(0, SEED_BOUND, (count,)).tolist()
+    `trainer.seed` seeds and checkpoints save), or from `generator`. An engine samples prompt
+    i's completions from seed i alone, so the samples do not depend on how the prompts are
+    batched or split between rollout replicas."""
+    return torch.randint(0, SEED_BOUND, (count,), generator=generator).tolist()
 
 
 @runtime_checkable

@@ -9,6 +9,9 @@ an engine. The config's rules ask the entry too (`reasonrl.config.rules`): `tens
 one engine may spread over several GPUs (rollout.vllm.tensor_parallel_size > 1 is allowed);
 `max_model_len`: a function of the `rollout` section giving (the engine's own limit on prompt +
 completion tokens, the key that sets it), (0, "") for none, checked against the model's context.
+`probes`: a function of the `rollout` section: whether pushes may be checked by the log-probs
+of `reasonrl.weights.probe_ids` (`probe_ids` says which); asynchronous ray mode computes the
+policy's for every version it publishes, since the replicas are busy generating then.
 vLLM itself (an optional extra) is imported only when its engine is built.
 """
 
@@ -45,7 +48,7 @@ def vllm_max_model_len(options: RolloutConfig) -> tuple[int, str]:
 
 
 @ENGINES.register("hf", logprobs=True, missing=lambda: None, machine_gpus=no_machine_gpus,
-                  tensor_parallel=False, max_model_len=no_max_model_len)
+                  tensor_parallel=False, max_model_len=no_max_model_len, probes=lambda options: False)
 def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """transformers: generation with the policy's own model (shared when colocated); its
     log-probs are the policy worker's quantity (temperature applied, no top-k / top-p
@@ -54,7 +57,8 @@ def hf_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
 
 
 @ENGINES.register("vllm", logprobs=True, missing=vllm_missing, machine_gpus=vllm_machine_gpus,
-                  tensor_parallel=True, max_model_len=vllm_max_model_len)
+                  tensor_parallel=True, max_model_len=vllm_max_model_len,
+                  probes=lambda options: options.vllm.probe_every > 0)
 def vllm_engine(model, tokenizer, options, threads: int = 0) -> RolloutEngine:
     """vLLM in this process, from a copy of the policy's weights"""
     return VLLMEngine(model, tokenizer, options.vllm, threads=threads)

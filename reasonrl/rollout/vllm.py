@@ -28,7 +28,7 @@ Weight-sync verification (the contract of `reasonrl.rollout`, plus a probe):
   catches a skipped or partial push but not a push that vLLM consumed and then failed to
   apply.
 - That is what the probe is for: the log-probs of a fixed token sequence
-  (`reasonrl.rollout.PROBE_TEXT`), computed by vLLM (`prompt_logprobs`) and by the
+  (`reasonrl.weights.PROBE_TEXT`), computed by vLLM (`prompt_logprobs`) and by the
   policy (an fp32 forward), must agree within `rollout.vllm.probe_tol` (by default 1e-3
   for float32 weights, 0.5 for bfloat16). Checked when
   the engine starts (against the model it was built from) and after every
@@ -68,7 +68,7 @@ import torch
 from reasonrl.cache import reasonrl_home
 from reasonrl.errors import ConfigError, WeightSyncError
 from reasonrl.rollout.base import Generation, SamplingParams, prompt_seeds
-from reasonrl.weights import PROBE_TEXT, combine_sums, reference_logprobs, sample_sums
+from reasonrl.weights import combine_sums, probe_ids, reference_logprobs, sample_sums
 
 CPU_KV_CACHE_GIB = 1.0  # default KV cache on CPU: ~23k tokens of SmolLM2-135M (46 KB each)
 # default probe tolerance by dtype: SmolLM2-135M's probe differs by at most 5e-5 in float32
@@ -227,7 +227,7 @@ class VLLMEngine:
             self.llm = self._start(Path(folder))
         self.startup_seconds = time.perf_counter() - t
         try:
-            self._probe_ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+            self._probe_ids = probe_ids(tokenizer)
             self.check_probe(reference_logprobs(model, self._probe_ids), "at start")
         except BaseException:
             self.close()
