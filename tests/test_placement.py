@@ -114,6 +114,9 @@ class Recorder:
         self.log.append((self.name, "wait", list(refs), names))
         return [None] * len(refs)
 
+    def ready(self, refs, what):
+        self.log.append((self.name, "ready", list(refs)))
+
 
 @pytest.mark.parametrize("probe", [None, [1, 2, 3]])
 def test_a_push_hands_the_policys_checks_to_the_transport(probe):
@@ -154,6 +157,33 @@ def test_streamed_buckets_keep_two_in_flight_and_send_the_checks_with_the_last()
         ("policy", "wait", [bucket["b"] + "1"], None),
     ]
     assert not any("sync_plan" in str(entry) for entry in log)
+
+
+def test_a_snapshot_is_gathered_now_and_loaded_later_with_the_checks_on_the_last_bucket():
+    """Asynchronous ray mode splits a push: `snapshot` gathers every bucket on the policy's
+    rank 0 into the object store (waited for, never fetched here; the other ranks' answers
+    waited for) and `load` has every replica load them in order, the checks with the last."""
+    log: list = []
+    policy, replicas = Recorder("policy", log), Recorder("replicas", log)
+    transport = StreamedBuckets(policy, replicas, [["a"], ["b"]])
+    refs = transport.snapshot("policy version 3")
+    bucket = {n: f"policy:weight_bucket[[{n!r}]]:" for n in "ab"}
+    assert refs == [bucket["a"] + "0", bucket["b"] + "0"]
+    assert log == [
+        ("policy", "start", "weight_bucket", (["a"],), {}, "first"),
+        ("policy", "start", "weight_bucket", (["b"],), {}, "first"),
+        ("policy", "ready", refs),
+        ("policy", "wait", [bucket["a"] + "1", bucket["b"] + "1"], None),
+    ]
+    log.clear()
+    checks = dict(version=3, expected_checksum=7.0, expected_probe=None)
+    transport.load(refs, checks)
+    assert log == [
+        ("replicas", "start", "load_weight_bucket", (refs[0],), {}, "none"),
+        ("replicas", "start", "load_weights", (refs[1],), checks, "none"),
+        ("replicas", "wait", [f"replicas:load_weight_bucket[{refs[0]!r}]:{r}" for r in range(2)]
+         + [f"replicas:load_weights[{refs[1]!r}]:{r}" for r in range(2)], replicas.names * 2),
+    ]
 
 
 def test_a_local_push_is_checked_by_checksum(tmp_path):
