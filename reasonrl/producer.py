@@ -53,7 +53,7 @@ from reasonrl.checkpoint import from_plain, numpy_rng, plain_rng, to_plain
 from reasonrl.collect import collect_batch
 from reasonrl.config import Config, resolve_device
 from reasonrl.data import PromptSampler
-from reasonrl.errors import ProducerError
+from reasonrl.errors import ProducerError, WeightSyncError
 from reasonrl.evaluate import eval_metrics, evaluate
 from reasonrl.placement import load_model, make_rollout
 from reasonrl.rng import rng_state, seed_everything, set_rng_state
@@ -189,8 +189,14 @@ class RaySide:
 
     def load(self, version: int, payload) -> None:
         refs, checks = payload
-        if checks["expected_probe"] is not None and self.parts.rollout.probe_due() is None:
-            checks = {**checks, "expected_probe": None}  # computed at publish: this push is not probed
+        due = self.parts.rollout.probe_due()
+        if due is None:  # computed at publish for engines that probe: this push is not probed
+            checks = {**checks, "expected_probe": None}
+        elif checks["expected_probe"] is None:
+            raise WeightSyncError(f"weight sync to policy version {version}: the rollout replicas want "
+                                  f"this push checked by probe log-probs, and the engine's entry "
+                                  f"(rollout.engine={self.cfg.rollout.engine}) says it never probes, so "
+                                  "none were computed when the version was published")
         self.parts.transport.load(refs, checks)
 
     def state(self) -> dict:

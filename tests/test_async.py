@@ -5,6 +5,7 @@ plain data, weights through shared memory)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
 from reasonrl.checkpoint import from_plain, to_plain
-from reasonrl.errors import CheckpointError, ProducerError, TrainingInterrupted
+from reasonrl.errors import CheckpointError, ProducerError, TrainingInterrupted, WeightSyncError
 from reasonrl.producer import (
     RayParts,
     RaySide,
@@ -33,6 +34,8 @@ from reasonrl.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 STEPS = 4
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm is not installed (make vllm)")
 
 
 def cfg_for(out: Path, name: str, *overrides: str):
@@ -201,6 +204,29 @@ def test_a_probe_computed_at_publish_goes_only_with_a_push_the_engine_probes(due
     (refs, checks), = fake.loaded
     assert refs == ["ref"] and checks["version"] == 3 and checks["expected_checksum"] == 1.0
     assert checks["expected_probe"] is (probe if due else None)
+
+
+def test_a_push_the_replicas_want_probed_without_a_probe_is_an_error():
+    """An engine whose registry entry says it never probes, whose replicas ask for a probe: the
+    load fails rather than skipping the check."""
+    fake = FakeReplicas([5, 6])
+    side = RaySide(smoke_cfg(Path("/unused"), "x"), [], RayParts(fake, fake, None, [], None))
+    with pytest.raises(WeightSyncError, match="version 3: the rollout replicas want this push checked"):
+        side.load(3, (["ref"], dict(version=3, expected_checksum=1.0, expected_probe=None)))
+    assert fake.loaded == []
+
+
+@needs_vllm
+def test_vllm_replicas_train_asynchronously_with_every_push_probed(ray_session, tmp_path):
+    """K = 1 in ray mode with a vLLM engine in the rollout actor: every version is checked there
+    by checksum and by the probe log-probs the policy computed when it published it
+    (rollout.vllm.probe_every=1); the schedule holds and vLLM's log-probs are the policy's."""
+    Trainer(cfg_for(tmp_path, "v", *RAY, "rollout.engine=vllm", "rollout.vllm.probe_every=1",
+                    "algo.importance_correction=tis")).fit()
+    rows = [r for r in metrics(tmp_path / "v") if "train/loss" in r]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]
+    assert rows[0]["train/logprob_diff_max"] < 1e-3  # on-policy batch: engine and policy agree
+    assert [r["step"] for r in metrics(tmp_path / "v") if "eval/accuracy" in r] == [0, 2, 4]
 
 
 def test_the_ray_producers_seeds_are_the_local_processs():
