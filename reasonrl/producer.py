@@ -133,8 +133,13 @@ class LocalSide:
         return {"sampler": self.sampler.state_dict(), "rng": plain_rng(rng_state())}
 
     def set_state(self, state: dict) -> None:
+        """This side's state, or the ray side's (a run resumed with placement.mode changed: its
+        generator's state is what torch's global RNG draws the prompt seeds from here)."""
         self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(numpy_rng(state["rng"]))
+        if "rng" in state:
+            set_rng_state(numpy_rng(state["rng"]))
+        else:
+            torch.set_rng_state(state["generator"])
 
     @staticmethod
     def pack(payload: dict) -> bytes:  # what crosses the pipe: plain data, loaded weights-only
@@ -203,8 +208,9 @@ class RaySide:
         return {"sampler": self.sampler.state_dict(), "generator": self.generator.get_state()}
 
     def set_state(self, state: dict) -> None:
+        """This side's state, or the local process's (its torch RNG drew the prompt seeds)."""
         self.sampler.load_state_dict(state["sampler"])
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"] if "generator" in state else state["rng"]["torch"])
 
     @staticmethod
     def pack(payload: dict) -> dict:  # same process: handed over as it is

@@ -18,7 +18,7 @@ from helpers import assert_metrics_close, keep_torch_threads, smoke_cfg  # noqa:
 from safetensors.torch import load_file
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
-from reasonrl.checkpoint import from_plain, to_plain
+from reasonrl.checkpoint import from_plain, plain_rng, to_plain
 from reasonrl.errors import CheckpointError, ProducerError, TrainingInterrupted, WeightSyncError
 from reasonrl.producer import (
     RayParts,
@@ -29,6 +29,7 @@ from reasonrl.producer import (
     unshare_weights,
     version_for,
 )
+from reasonrl.rng import rng_state
 from reasonrl.rollout import prompt_seeds
 from reasonrl.trainer import Trainer
 
@@ -239,6 +240,20 @@ def test_the_ray_producers_seeds_are_the_local_processs():
     expected = prompt_seeds(4)
     assert prompt_seeds(4, side.generator) == expected
     side.set_state(state)
+    assert prompt_seeds(4, side.generator) == expected
+
+
+def test_either_sides_state_continues_the_other_s_seeds():
+    """A run resumed with placement.mode changed (--allow-config-change placement.mode): the ray
+    side takes the local process's state (its torch RNG) and continues its prompt seeds."""
+    cfg = smoke_cfg(Path("/unused"), "x")
+    with torch.random.fork_rng():
+        torch.manual_seed(123)
+        local_state = {"sampler": {}, "rng": plain_rng(rng_state())}
+        expected = prompt_seeds(4)
+    side = RaySide(cfg, [], RayParts(None, None, None, [], None))
+    side.sampler.load_state_dict = lambda state: None  # the sampler's own round trip is tested elsewhere
+    side.set_state(local_state)
     assert prompt_seeds(4, side.generator) == expected
 
 
