@@ -3,6 +3,9 @@
     python bench/async.py                                    # the default task, 20 steps, seeds 0 1 2
     python bench/async.py --steps 8 --seeds 0 --ks 0 1       # shorter
     python bench/async.py --config configs/tool_calculator.yaml --steps 6 --seeds 0
+    python bench/async.py --ks 0 --seeds 0 placement.mode=ray trainer.threads=2      # ray mode, K = 0
+    python bench/async.py --ks 1 --seeds 0 placement.mode=ray placement.num_cpus=3 \
+        placement.policy.num_cpus=2                                       # ray mode, K = 1 (2 + 1 cores)
 
 Each run is a fresh `reasonrl train` process (idle machine: run nothing beside it), with the held-out
 eval every `--eval-every` steps. Printed per K (medians over steps after the first, which pays the
