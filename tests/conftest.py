@@ -18,10 +18,43 @@ REPO_ROOT = Path(__file__).parent.parent
 def tiny():
     """(model, tokenizer) from `build_tiny_model(seed=0)`, shared by the whole session.
 
-    Treat the model as read-only: a test that changes weights or adds hooks should work
-    on `copy.deepcopy(model)`.
+    In eval mode, as a loaded model is. Treat it as read-only: a test that changes weights,
+    patches kernels in (a policy worker or engine built on it) or adds hooks works on
+    `copy.deepcopy(model)`; `_shared_tiny_model_is_left_as_it_was` fails one that does not.
     """
-    return build_tiny_model(seed=0)
+    model, tokenizer = build_tiny_model(seed=0)
+    return model.eval(), tokenizer
+
+
+def model_fingerprint(model) -> tuple:
+    """What a test could change in a shared model: its modules, train/eval mode, forwards or
+    hooks patched onto instances, the parameters (storage, values, dtype, requires_grad) and
+    the config."""
+    modules = list(model.modules())
+    params = list(model.parameters())
+    return (tuple(type(m).__name__ for m in modules), tuple(m.training for m in modules),
+            tuple(sorted(k for m in modules for k in vars(m) if k == "forward")),
+            sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in modules),
+            tuple((p.data_ptr(), p.dtype, p.requires_grad) for p in params),
+            float(sum(p.detach().double().sum() for p in params)), repr(model.config))
+
+
+@pytest.fixture(autouse=True)
+def _shared_tiny_model_is_left_as_it_was(request):
+    """A test that changes the session's `tiny` model (lean kernels patched in by a worker built
+    on it, train mode, weights) changes every later test's: an order-dependent failure. It fails
+    here instead, naming itself: build on `copy.deepcopy(model)`."""
+    if "tiny" not in request.fixturenames:
+        yield
+        return
+    value = request.getfixturevalue("tiny")
+    model = value[0] if isinstance(value, tuple) else value
+    before = model_fingerprint(model)
+    yield
+    changed = [name for name, a, b in zip(("modules", "train/eval mode", "patched forwards", "hooks",
+                                            "parameters", "weights", "config"),
+                                           before, model_fingerprint(model), strict=True) if a != b]
+    assert not changed, f"the shared tiny model was changed ({', '.join(changed)}): use copy.deepcopy(model)"
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,7 @@ def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch, mkl):
     """Both lean paths, MKL-packed and plain (the path of a machine without MKL: ARM, macOS),
     against the transformers modules, through prefill, repeat, select and steps."""
     model, tokenizer = tiny
-    model = model if arch == "llama" else tiny_qwen2(tokenizer)
+    model = copy.deepcopy(model) if arch == "llama" else tiny_qwen2(tokenizer)
     model.eval()
     assert unsupported_reason(model) is None
     ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)

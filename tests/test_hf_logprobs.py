@@ -97,7 +97,7 @@ def test_sampled_logprobs_equal_the_policys_recomputed_ones(tiny, path, temperat
     """Every decoder (lean_mkl, lean, and the modules: the fallback of the lean paths) reports,
     for every row (ended by EOS, a stop string or the limit), the policy's log-probs of its
     completion within TOL; same tokens from every decoder (the sampling did not change)."""
-    model, tokenizer = tiny
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]  # the policy worker patches its kernels in
     engine = HFEngine(model, tokenizer, decoder=path)
     prompts = [p for p in PROMPTS for _ in range(3)]
     for stop in ((), ("e",)):  # rows at the limit; rows of many lengths (a stop string ends them)
@@ -141,7 +141,7 @@ def test_a_lora_policy_decodes_through_the_modules_with_its_logprobs(tiny):
 def test_greedy_decoding_reports_no_logprobs(tiny, path):
     """Greedy decoding (evaluation) reports None, as vLLM's engine does: it computes nothing
     for them."""
-    model, tokenizer = tiny
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     gen = HFEngine(model, tokenizer, decoder=path).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4,
                                                                                     greedy=True))
     assert gen.logprobs is None and len(gen.completion_ids) == 6
@@ -158,7 +158,7 @@ def test_multi_turn_rows_carry_the_engines_logprobs(tiny, path, reuse):
     with `reuse`, or re-prefilled) with 0 on the environment's tokens: on the model's tokens they
     are the policy's log-probs of the whole trajectory within TOL, and exactly what the engine
     reported for that turn. Greedy episodes carry none."""
-    model, tokenizer = tiny
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     engine = HFEngine(model, tokenizer, decoder=path, reuse_kv=reuse)
     sampled = spy_on(engine)
     cfg = env_config(f"env.fn={ECHO}", "env.max_turns=3", "env.max_turn_tokens=6")

@@ -5,6 +5,7 @@ vLLM engine; an id that is not cached gets one clear error naming it and the fet
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def hub(tmp_path, tiny, monkeypatch) -> Path:
     cache = tmp_path / "hf-cache"
     repo = cache / repo_folder_name(repo_id=REPO_ID, repo_type="model")
     snapshot = repo / "snapshots" / COMMIT
-    tiny[0].save_pretrained(snapshot)
+    copy.deepcopy(tiny[0]).save_pretrained(snapshot)  # saving fills the config's architectures and dtype
     tiny[1].save_pretrained(snapshot)
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(COMMIT)
@@ -61,7 +62,7 @@ def test_an_uncached_id_offline_names_the_id_and_the_command(hub):
 
 def test_a_local_folder_wins_over_a_hub_id_of_the_same_name(hub, tmp_path, monkeypatch, tiny):
     monkeypatch.chdir(tmp_path)
-    tiny[0].save_pretrained(tmp_path / "acme" / "tiny-llama")
+    copy.deepcopy(tiny[0]).save_pretrained(tmp_path / "acme" / "tiny-llama")
     assert resolve_model_dir(REPO_ID) == Path("acme/tiny-llama")
 
 
