@@ -258,7 +258,7 @@ class Trainer:
     def eval_due(self, step: int) -> bool:
         """The held-out eval runs after this step (every `trainer.eval_every`, and after the last)."""
         every = self.cfg.trainer.eval_every
-        return bool(self.held_out) and ((every and step % every == 0) or step == self.cfg.trainer.steps)
+        return bool(self.held_out) and (bool(every) and step % every == 0 or step == self.cfg.trainer.steps)
 
     def evaluate(self) -> dict[str, float]:
         """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
