@@ -36,6 +36,7 @@ threads, needs one pipe and a receiving thread, not a cluster runtime (which is 
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -144,9 +145,6 @@ class LocalSide:
     @staticmethod
     def pack(payload: dict) -> bytes:  # what crosses the pipe: plain data, loaded weights-only
         return to_bytes(payload)
-
-    def evaluate(self) -> dict[str, float]:
-        raise ValueError("the local rollout process does not evaluate: the trainer's engine does")
 
 
 class SeededRollout:
@@ -259,25 +257,17 @@ def run_commands(conn, side, cfg: Config, sampling: SamplingParams) -> None:
             raise ValueError(f"rollout producer: unknown command {command!r}")
 
 
-def serve(conn, cfg: Config, examples: list[Example], sampling: SamplingParams, threads: int) -> None:
-    """The rollout process (local mode): build the engine, then run the commands. Any failure
-    goes back as its traceback."""
+def serve(conn, side, cfg: Config, sampling: SamplingParams) -> None:
+    """The rollout side's life: `side()` builds it (local mode's process: `LocalSide`, its engine;
+    ray mode's thread: `RaySide`), then it runs the commands. Any failure goes back as its
+    traceback."""
     try:
-        run_commands(conn, LocalSide(cfg, examples, threads), cfg, sampling)
+        run_commands(conn, side(), cfg, sampling)
     except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
         try:
             conn.send(("error", traceback.format_exc()))
         except (OSError, EOFError):
             pass
-
-
-def serve_in_thread(conn, cfg: Config, examples: list[Example], sampling: SamplingParams,
-                    parts: RayParts) -> None:
-    """The ray-mode producer's thread: the same commands, the replicas generating."""
-    try:
-        run_commands(conn, RaySide(cfg, examples, parts), cfg, sampling)
-    except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
-        conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
@@ -356,14 +346,16 @@ class Producer:
         if ray is None:
             ctx = mp.get_context("spawn")
             self.conn, child = ctx.Pipe()
-            self.worker = ctx.Process(target=serve, args=(child, cfg, examples, sampling, threads),
+            side = functools.partial(LocalSide, cfg, examples, threads)
+            self.worker = ctx.Process(target=serve, args=(child, side, cfg, sampling),
                                       name="reasonrl-rollout", daemon=False)
             self.worker.start()
             child.close()
             self.what = "the rollout process"
         else:
             self.conn, child = queue_pipe()
-            self.worker = threading.Thread(target=serve_in_thread, args=(child, cfg, examples, sampling, ray),
+            side = functools.partial(RaySide, cfg, examples, ray)
+            self.worker = threading.Thread(target=serve, args=(child, side, cfg, sampling),
                                            name="reasonrl-rollout-producer", daemon=True)
             self.worker.start()
             self.what = "the rollout producer (a thread driving the rollout replicas)"
@@ -377,15 +369,20 @@ class Producer:
             self._send("state", in_flight["state"])
             self.next_batch = max(self.batches) + 1
 
-    def _ended(self) -> str:
+    def _ended(self, worker) -> str:
+        """Why the other side is gone. `worker`: its process or thread as the caller saw it
+        (`close` sets `self.worker` to None while the receiving thread may still ask)."""
+        if worker is None:
+            return f"{self.what} was closed"
         if self.ray is not None:
             return f"{self.what} ended"
-        self.worker.join(1)
-        return f"{self.what} exited (exit code {self.worker.exitcode})"
+        worker.join(1)
+        return f"{self.what} exited (exit code {worker.exitcode})"
 
     def _receive(self) -> None:
         """The receiving thread: batches into `batches`, eval metrics into `evals`, acknowledged
         weights out of `shared`."""
+        worker = self.worker  # started before this thread; `close` may drop the attribute meanwhile
         try:
             while True:
                 kind, *args = self.conn.recv()
@@ -403,7 +400,7 @@ class Producer:
                         self.error = args[0]
                     self.cond.notify_all()
         except (EOFError, OSError):
-            ended = self._ended() if self.worker is not None else f"{self.what} was closed"
+            ended = self._ended(worker)
             with self.cond:
                 if self.error is None:
                     self.error = ended
@@ -468,7 +465,7 @@ class Producer:
         try:
             self.conn.send(command)
         except OSError:
-            error = self._ended()
+            error = self._ended(self.worker)
             with self.cond:
                 error = self.error or error
             raise ProducerError(f"cannot send {command[0]!r} to {self.what}: {error}") from None

@@ -267,8 +267,6 @@ class Trainer:
         if not self.held_out:
             return {}
         if self.ray_async:  # on the replicas, in the producer's order (`eval_due` asked for it)
-            if self.producer is None:
-                self.producer = self.start_producer()
             found = self.producer.evaluate(self.step_count, self.policy)
             seconds = found.pop("time/eval")
             return {**{f"eval/{k}": v for k, v in found.items()}, "time/eval": seconds}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,17 @@ def assert_metrics_close(a: list[dict], b: list[dict], rel: float) -> None:
         for k in ra:
             tol = ABS_TOL.get(k, 1e-7) if rel > 1e-6 else 1e-7
             assert ra[k] == pytest.approx(rb[k], rel=rel, abs=tol), f"step {ra['step']}: {k}"
+
+
+def interrupt_after(trainer, step: int = 2) -> None:
+    """SIGINT this process once `trainer` has finished step `step`: its handler lets the step
+    finish and save a checkpoint, then `fit` raises TrainingInterrupted (Ctrl-C mid-run)."""
+    run_step = trainer.step
+
+    def stepping():
+        out = run_step()
+        if trainer.step_count == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    trainer.step = stepping

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 from pathlib import Path
 
 import helpers
 import pytest
 import torch
-from helpers import assert_metrics_close, keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
+from helpers import assert_metrics_close, interrupt_after, keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
 from safetensors.torch import load_file
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
@@ -110,18 +108,6 @@ def test_staleness_follows_the_schedule(straight, k, lags):
     assert any(r["train/loss"] != 0 for r in rows)  # the runs train
 
 
-def stop_after_two(trainer: Trainer) -> None:
-    step = trainer.step
-
-    def stopping():
-        out = step()
-        if trainer.step_count == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # the handler lets step 2 finish and save
-        return out
-
-    trainer.step = stopping
-
-
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_run_with_batches_in_flight_resumes_bitwise(straight, tmp_path, k):
     """Stopped after step 2 (K batches in flight, made by versions the checkpoint does not hold)
@@ -135,7 +121,7 @@ def stop_and_resume(tmp_path: Path, k: int, *overrides: str) -> None:
     """Run r stopped by SIGINT after step 2 (checked: the batches in flight kept), then resumed."""
     over = [f"trainer.max_staleness={k}", "trainer.keep_last=0", *overrides]
     trainer = Trainer(cfg_for(tmp_path, "r", *over))
-    stop_after_two(trainer)
+    interrupt_after(trainer, 2)  # the handler lets step 2 finish and save
     with pytest.raises(TrainingInterrupted):
         trainer.fit()
     assert trainer.producer is None  # the rollout process stopped with the run

@@ -5,7 +5,6 @@ while a checkpoint was being written); a changed config is refused; non-finite s
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import interrupt_after
 from safetensors.torch import load_file
 
 from reasonrl.checkpoint import list_checkpoints
@@ -67,15 +67,7 @@ def reference(tmp_path_factory) -> Path:
 def test_ctrl_c_then_resume_is_exact(tmp_path, reference, capsys):
     cfg = smoke_cfg(tmp_path, "r", "trainer.keep_last=0")
     trainer = Trainer(cfg)
-    step = trainer.step
-
-    def step_then_ctrl_c():
-        out = step()
-        if trainer.step_count == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # the handler lets step 2 finish and save
-        return out
-
-    trainer.step = step_then_ctrl_c
+    interrupt_after(trainer, 2)  # the handler lets step 2 finish and save
     with pytest.raises(TrainingInterrupted) as stop:
         trainer.fit()
     run = tmp_path / "r"
@@ -97,15 +89,7 @@ def stop_resume_and_compare(tmp_path, *overrides: str) -> None:
     saved), then a resume to step 4: the two runs must end bitwise alike (`assert_same_run`)."""
     Trainer(smoke_cfg(tmp_path, "straight", *overrides)).fit()
     trainer = Trainer(smoke_cfg(tmp_path, "r", *overrides, "trainer.save_every=2", "trainer.keep_last=0"))
-    step = trainer.step
-
-    def stop_after_two():
-        out = step()
-        if trainer.step_count == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
-    trainer.step = stop_after_two
+    interrupt_after(trainer, 2)
     with pytest.raises(TrainingInterrupted):
         trainer.fit()
     Trainer(smoke_cfg(tmp_path, "r", *overrides, "trainer.resume=auto", "trainer.save_every=2",

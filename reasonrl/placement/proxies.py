@@ -45,17 +45,21 @@ class ActorGroup:
         kept = {"all": lambda rank: True, "first": lambda rank: rank == 0, "none": lambda rank: False}[keep]
         return [a.call.remote(method, args, kwargs or {}, kept(rank)) for rank, a in enumerate(self.actors)]
 
-    def ready(self, refs: list, what: str) -> None:
+    def ready(self, refs: list, what: str, names: list[str] | None = None) -> None:
         """Wait, within placement.call_timeout, until `refs` are computed, without fetching
-        them here (a snapshot's weights stay in the object store). A call that failed is raised
-        by whoever gets its result (a replica loading a snapshot: named by its `wait`)."""
+        them here (a snapshot's weights stay in the object store); the late ones' actors are
+        named (`names`: whose each ref is), or the worker. A call that failed is raised by
+        whoever gets its result (a replica loading a snapshot: named by its `wait`)."""
         import ray
 
         _, late = ray.wait(refs, num_returns=len(refs), timeout=self.timeout, fetch_local=False)
         if late:
-            raise PlacementError(f"ray: the {self.name} worker did not finish {what} within "
-                                 f"{self.timeout:g} s (placement.call_timeout); it holds {self.request}. "
-                                 "Raise placement.call_timeout if the work is just slow")
+            who = (f"the {self.name} worker" if names is None else
+                   ", ".join(n for n, r in zip(names, refs, strict=True) if r in late))
+            holds = "it holds" if names is None else "each holds"
+            raise PlacementError(f"ray: {who} did not finish {what} within {self.timeout:g} s "
+                                 f"(placement.call_timeout); {holds} {self.request}. Raise "
+                                 "placement.call_timeout if the work is just slow")
 
     def wait(self, refs: list, what: str, names: list[str] | None = None) -> list:
         """ray.get(refs) within placement.call_timeout. `names`: whose each ref is (a rollout
@@ -67,12 +71,7 @@ class ActorGroup:
 
         timeout = self.timeout
         if names is not None:
-            _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
-            if late:
-                which = ", ".join(n for n, r in zip(names, refs, strict=True) if r in late)
-                raise PlacementError(
-                    f"ray: {which} did not finish {what} within {timeout:g} s (placement.call_timeout); "
-                    f"each holds {self.request}. Raise placement.call_timeout if the work is just slow")
+            self.ready(refs, what, names)
         try:
             with warnings.catch_warnings():  # tensors from the policy arrive read-only: we only read them
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
