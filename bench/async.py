@@ -52,27 +52,28 @@ def cpu_name() -> str:
 
 def run(config: Path, k: int, seed: int, steps: int, eval_every: int, extra: list[str]) -> dict:
     """One `reasonrl train`; its per-step metrics, evals with their wall time, and totals."""
-    out = Path(tempfile.mkdtemp(prefix="async-"))
-    args = [sys.executable, "-m", "reasonrl.cli", "train", str(config), f"trainer.max_staleness={k}",
-            f"trainer.seed={seed}", f"trainer.steps={steps}", f"trainer.eval_every={eval_every}",
-            f"trainer.output_dir={out}", "trainer.run_name=run", "trainer.progress=false",
-            "tracking.report=false", *extra]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"[async] K={k} seed={seed} failed with status {proc.returncode}")
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps_rows = [r for r in rows if "time/step" in r]
-    clock, evals = 0.0, []  # training wall time (steps only, evals excluded) at each eval
-    for r in rows:
-        clock += r.get("time/step", 0.0)
-        if "eval/accuracy" in r:
-            evals.append((clock, r["step"], r["eval/accuracy"]))
-    return {"k": k, "seed": seed, "rows": steps_rows, "evals": evals, "wall": wall, "load": load}
+    with tempfile.TemporaryDirectory(prefix="async-") as tmp:  # each run's checkpoints: ~1.6 GB
+        out = Path(tmp)
+        args = [sys.executable, "-m", "reasonrl.cli", "train", str(config), f"trainer.max_staleness={k}",
+                f"trainer.seed={seed}", f"trainer.steps={steps}", f"trainer.eval_every={eval_every}",
+                f"trainer.output_dir={out}", "trainer.run_name=run", "trainer.progress=false",
+                "tracking.report=false", *extra]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-3000:])
+            raise SystemExit(f"[async] K={k} seed={seed} failed with status {proc.returncode}")
+        rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+        steps_rows = [r for r in rows if "time/step" in r]
+        clock, evals = 0.0, []  # training wall time (steps only, evals excluded) at each eval
+        for r in rows:
+            clock += r.get("time/step", 0.0)
+            if "eval/accuracy" in r:
+                evals.append((clock, r["step"], r["eval/accuracy"]))
+        return {"k": k, "seed": seed, "rows": steps_rows, "evals": evals, "wall": wall, "load": load}
 
 
 def median(rows: list[dict], key: str) -> float:

@@ -50,21 +50,23 @@ WORK = ["data.task=file", f"data.train_path={FIXTURE / 'train.jsonl'}",
 def train(code: Path, length: int, extra: list[str]) -> dict:
     """One `reasonrl train` of the work at `length` new tokens with reasonrl from `code`:
     its per-step metrics (after the first step) and peak RSS."""
-    out = Path(tempfile.mkdtemp(prefix="lengths-"))
-    args = [sys.executable, "-m", "reasonrl.cli", "train", str(REPO / "configs" / "default.yaml"), *WORK,
-            f"rollout.max_new_tokens={length}", f"trainer.output_dir={out}", "trainer.run_name=run", *extra]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(code)}
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    stderr = proc.stderr.read().decode(errors="replace")
-    if status != 0:
-        sys.stderr.write(stderr[-3000:])
-        raise SystemExit(f"[lengths] {length} tokens ({code}) failed with status {status}")
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "time/update" in r][1:]
+    with tempfile.TemporaryDirectory(prefix="lengths-") as tmp:  # the run's checkpoints: ~1.6 GB
+        out = Path(tmp)
+        args = [sys.executable, "-m", "reasonrl.cli", "train", str(REPO / "configs" / "default.yaml"), *WORK,
+                f"rollout.max_new_tokens={length}", f"trainer.output_dir={out}", "trainer.run_name=run",
+                *extra]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": str(code)}
+        load = os.getloadavg()[0]
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        stderr = proc.stderr.read().decode(errors="replace")
+        if status != 0:
+            sys.stderr.write(stderr[-3000:])
+            raise SystemExit(f"[lengths] {length} tokens ({code}) failed with status {status}")
+        rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if "time/update" in r][1:]
 
     def median(key: str) -> float:
         values = [r[key] for r in steps if key in r]

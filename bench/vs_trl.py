@@ -37,6 +37,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,7 +145,10 @@ def run_trl(model_dir: str, steps: int, matched: bool) -> dict:
                             "tokens": tokens[0], "load": os.getloadavg()[0]})
 
     trainer.add_callback(StepTimer())
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(config.output_dir, ignore_errors=True)
     return {"steps": records, "peak_rss_gib": peak_rss_gib(),
             "settings": {"gradient_checkpointing": config.gradient_checkpointing,
                          "loss_type": config.loss_type}}
@@ -185,7 +189,10 @@ def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
         return result
 
     trainer.step = timed_step
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:  # the run's checkpoints: ~1.6 GB each time
+        shutil.rmtree(out, ignore_errors=True)
     import reasonrl
 
     return {"steps": records, "peak_rss_gib": peak_rss_gib(),

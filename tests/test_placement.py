@@ -199,6 +199,49 @@ def test_a_local_push_is_checked_by_checksum(tmp_path):
         workers.close()
 
 
+def test_state_crosses_between_actors_as_its_own_size_not_the_flat_buffers():
+    """The AdamW moments are views of two flat buffers (`TrainingAccel.attach`). Ray pickles a
+    tensor with its whole storage, so a checkpoint's optimizer state sent as it is would carry
+    both buffers once per parameter (the CI failure: 540 MB for the tiny critic's 24 MB, Ray's
+    object store full). Both directions of a call copy views to tensors of their own: an
+    actor's answer (`WorkerHost.call`) and the arguments sent to it (`ActorGroup.start`)."""
+    import pickle
+    import types
+
+    pytest.importorskip("ray")  # WorkerHost.call resolves object references
+    from reasonrl.accel.training import TrainingAccel
+    from reasonrl.placement.actors import WorkerHost
+    from reasonrl.placement.proxies import ActorGroup
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    TrainingAccel(model, kernels=False).attach(optimizer)
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()
+    state = {"optimizer": optimizer.state_dict(), "step": 1}
+    moments = [s[k] for s in state["optimizer"]["state"].values() for k in ("exp_avg", "exp_avg_sq")]
+    size = sum(m.nbytes for m in moments)  # 16 parameters, two moments each: 2 x 8 x 1056 floats
+    assert size == 2 * 8 * (32 * 32 + 32) * 4
+    assert len(pickle.dumps(state)) > 10 * size  # sent as they are: each view carries its buffer
+
+    host = WorkerHost(threads=torch.get_num_threads())
+    host.worker = types.SimpleNamespace(state_dict=lambda: state)
+    answer = host.call("state_dict", (), {})
+    assert len(pickle.dumps(answer)) < size + 20_000  # the tensors' own bytes and the pickle's names
+    sent = answer["optimizer"]["state"]
+    for i, s in state["optimizer"]["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sent[i][k], s[k]) and sent[i][k].untyped_storage().nbytes() == s[k].nbytes
+    assert sent[0]["step"] is state["optimizer"]["state"][0]["step"]  # a tensor of its own: not copied
+
+    calls = []
+    actor = types.SimpleNamespace(call=types.SimpleNamespace(remote=lambda *a: calls.append(a)))
+    ActorGroup("policy", [actor], ["policy"], {"CPU": 1}, timeout=1).start("load_state_dict", (state,))
+    (method, (arg,), kwargs, keep), = calls
+    assert (method, kwargs, keep) == ("load_state_dict", {}, True)
+    assert len(pickle.dumps(arg)) < size + 20_000
+
+
 def test_weight_buckets_keep_decoder_layers_whole():
     """`plan_buckets` by hand: groups embed (100 B), layer 0 (60), layer 1 (80), norm (10),
     lm_head (100), packed greedily in order into buckets of at most 100 (or 150) bytes; a
