@@ -14,7 +14,10 @@ Every call, in every mode:
   interpreter: CPU time (`RLIMIT_CPU`), address space (`RLIMIT_AS`, `memory_mb` per process,
   the interpreter's own ~30 MB included), file size (`RLIMIT_FSIZE`), open files, no core
   dumps, and a process/thread count (`RLIMIT_NPROC`, counted above the tasks the sandbox user
-  already has; the kernel does not apply it to root, which is why the code never runs as root);
+  already has, zombies included; the kernel does not apply it to root, which is why the code
+  never runs as root). It counts per user, not per call: tasks of that user that end during a
+  call (another call's, or a zombie the host's init reaps) give the call that much more room,
+  which the call's cgroup (`processes` + `CALL_OVERHEAD_TASKS`) bounds where there is one;
 - is bounded PER CALL, all its processes together (`CallBounds`, chosen once per machine):
   memory (`memory_mb` + `CALL_OVERHEAD_MB` for the sandbox's own processes) and tasks
   (`processes` + `CALL_OVERHEAD_TASKS`) by a cgroup made for the call and removed after it
@@ -26,7 +29,9 @@ Every call, in every mode:
 - starts a new session (`start_new_session=True`): at the end of the call, or at the
   wall-clock timeout, when the output passes `output_bytes` or the call's memory its limit,
   every process of the call gets SIGKILL before the child is reaped: the PID namespace's init
-  first (so that unshare or bwrap reaps it: no zombie of the uid is left to the host's init),
+  first (so that unshare or bwrap reaps it; bubblewrap exits when its program does, without
+  waiting for its own init, which is left a zombie of the uid for the host's init to reap: ~2 s
+  here),
   then the process group (`os.killpg`), then whatever is left in the call's cgroup (or,
   without one, in its process tree);
 - has an environment of its own (PATH, HOME and TMPDIR = its directory, LANG): none of the
