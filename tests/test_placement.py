@@ -203,8 +203,9 @@ def test_state_crosses_between_actors_as_its_own_size_not_the_flat_buffers():
     """The AdamW moments are views of two flat buffers (`TrainingAccel.attach`). Ray pickles a
     tensor with its whole storage, so a checkpoint's optimizer state sent as it is would carry
     both buffers once per parameter (the CI failure: 540 MB for the tiny critic's 24 MB, Ray's
-    object store full). Both directions of a call copy views to tensors of their own: an
-    actor's answer (`WorkerHost.call`) and the arguments sent to it (`ActorGroup.start`)."""
+    object store full). Both directions of a call copy views to tensors of their own
+    (`for_transport`): an actor's answer (`WorkerHost.call`) and the arguments sent to it
+    (`ActorGroup.start`)."""
     import pickle
     import types
 

@@ -227,7 +227,7 @@ def _tasks_of(uid: int, zombies: bool = False) -> int:
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             zombie = fields["State"].strip().startswith("Z")
             if int(fields["Uid"].split()[0]) == uid and (zombies or not zombie):
-                count += 1  # zombies hold nothing; the container's init reaps bubblewrap's in its time
+                count += 1  # a zombie holds no memory, but RLIMIT_NPROC counts it until reaped
     return count
 
 

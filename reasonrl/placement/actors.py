@@ -44,7 +44,7 @@ from reasonrl.placement.proxies import (
     RemoteCritic,
     RemotePolicy,
     RemoteRollout,
-    own_storage,
+    for_transport,
     resources_of,
     stop_actors,
 )
@@ -165,9 +165,7 @@ class WorkerHost:
             out = list(out)
         if not keep:
             return None
-        # tensors leave a GPU actor on the CPU: the receiver (the trainer) may have no GPU
-        return own_storage(torch.utils._pytree.tree_map(
-            lambda x: x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x, out))
+        return for_transport(out)
 
     def call_into_folder(self, method: str, args: tuple, keep: bool = True):
         """`method(folder, *args)` into a temporary folder here; returns (its result, the

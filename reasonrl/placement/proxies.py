@@ -24,17 +24,21 @@ def resources_of(role) -> dict[str, float]:
     return out
 
 
-def own_storage(tree):
-    """`tree` with every tensor that is a view of a larger storage replaced by a copy of its
-    own. Ray pickles a tensor together with its whole storage, once per tensor: the AdamW
-    moments laid out as views of two flat buffers (`reasonrl.accel.memory`) would carry both
-    buffers once per parameter, 540 MB for the tiny model's critic state instead of 24 MB
-    (and the full buffer times ~270 parameters for SmolLM2-135M), enough to fill Ray's object
-    store and spill to disk. Other values pass through as they are (not copied)."""
+def for_transport(tree):
+    """`tree` as its tensors should cross between processes: on the CPU (the receiver, the
+    trainer, may have no GPU) and each with a storage of its own. Ray pickles a tensor together
+    with its whole storage, once per tensor: the AdamW moments laid out as views of two flat
+    buffers (`reasonrl.accel.memory`) would carry both buffers once per parameter, 540 MB for
+    the tiny model's critic state instead of 24 MB (and the full buffer times ~270 parameters
+    for SmolLM2-135M), enough to fill Ray's object store and spill to disk. Other values pass
+    through as they are (not copied)."""
 
     def one(x):
-        if isinstance(x, torch.Tensor) and x.layout == torch.strided and x.device.type != "meta" \
-                and x.untyped_storage().nbytes() > x.numel() * x.element_size():
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.device.type != "cpu":
+            return x.cpu()  # a copy of the tensor alone
+        if x.layout == torch.strided and x.untyped_storage().nbytes() > x.numel() * x.element_size():
             return x.clone(memory_format=torch.contiguous_format)
         return x
 
@@ -60,7 +64,7 @@ class ActorGroup:
         """`method(*args, **kwargs)` on every actor's worker, not waited for: the references to
         the results. `keep`: whose results come back ("all", "first": rank 0's, "none")."""
         kept = {"all": lambda rank: True, "first": lambda rank: rank == 0, "none": lambda rank: False}[keep]
-        args, kwargs = own_storage((tuple(args), kwargs or {}))
+        args, kwargs = for_transport((tuple(args), kwargs or {}))
         return [a.call.remote(method, args, kwargs, kept(rank)) for rank, a in enumerate(self.actors)]
 
     def ready(self, refs: list, what: str, names: list[str] | None = None) -> None:
@@ -127,7 +131,7 @@ class RemoteWorker:
             return args
         import ray
 
-        return tuple(ray.put(own_storage(a)) for a in args)  # one copy in the object store for all ranks
+        return tuple(ray.put(for_transport(a)) for a in args)  # one copy in the object store for all ranks
 
     def _call(self, method: str, *args, **kwargs):
         refs = self._group.start(method, self._args(args), kwargs, keep="first")
