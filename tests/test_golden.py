@@ -5,7 +5,8 @@ re-records them in the same commit and says why.
 
 Bitwise holds on the machine kind they were recorded on: the same CPU model, torch and
 architecture (float32 reductions are ordered differently by other CPUs' kernels, and a sampled
-token can then flip). Elsewhere the test skips with that reason; record your own first:
+token can then flip). Each file keeps one record per machine kind (`records`, keyed by the
+machine); on a machine with no record the test skips with that reason; record your own first:
 
     python tests/test_golden.py            # every run, into tests/golden/<name>.json
     python tests/test_golden.py grpo ppo   # some of them
@@ -46,8 +47,13 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "dapo": ("default.yaml", [*SMALL, "algo.dynamic_sampling=true", "algo.clip_high=0.28",
                               "algo.overlong_buffer=4", "optim.ppo_epochs=2",
                               "optim.mini_batches=2"]),
+    # asynchronous training (a batch from the policy K versions back), local and ray placement
+    "async_k1": ("default.yaml", [*SMALL, "trainer.max_staleness=1"]),
+    "async_k2": ("default.yaml", [*SMALL, "trainer.max_staleness=2"]),
+    "ray_k0": ("default.yaml", [*SMALL, "placement.mode=ray"]),
+    "ray_k1": ("default.yaml", [*SMALL, "placement.mode=ray", "trainer.max_staleness=1"]),
 }
-NEEDS = {"lora_kl_loss": "peft"}
+NEEDS = {"lora_kl_loss": "peft", "ray_k0": "ray", "ray_k1": "ray"}
 
 
 def machine() -> dict[str, str]:
@@ -68,7 +74,7 @@ def run(name: str, out: Path) -> list[dict]:
                                                   f"trainer.run_name={name}"])
     train(cfg)
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    varies = ("time/", "mem/", "rollout/tokens_per_s")
+    varies = ("time/", "mem/", "rollout/tokens_per_s", "async/wait", "async/sync_pause", "async/producer_idle")
     return [{k: v for k, v in r.items() if not k.startswith(varies)} for r in rows]
 
 
@@ -80,10 +86,12 @@ def test_golden_run_is_unchanged(name, tmp_path):
 
     if NEEDS.get(name) and importlib.util.find_spec(NEEDS[name]) is None:
         pytest.skip(f"needs {NEEDS[name]} (pip install 'reasonrl[dev]')")
-    golden = json.loads((GOLDEN / f"{name}.json").read_text())
-    if golden["machine"] != machine():
-        pytest.skip(f"golden runs recorded on {golden['machine']}; this machine is {machine()}: "
-                    "record them here before a refactor (python tests/test_golden.py)")
+    path = GOLDEN / f"{name}.json"
+    records = json.loads(path.read_text())["records"] if path.exists() else []
+    golden = next((r for r in records if r["machine"] == machine()), None)
+    if golden is None:
+        pytest.skip(f"golden runs recorded on {[r['machine'] for r in records]}; this machine is "
+                    f"{machine()}: record them here before a refactor (python tests/test_golden.py)")
     threads = torch.get_num_threads()
     try:
         rows = run(name, tmp_path)
@@ -103,9 +111,12 @@ def record(names: list[str]) -> None:
     for name in names:
         with tempfile.TemporaryDirectory() as out:
             rows = run(name, Path(out))
-        (GOLDEN / f"{name}.json").write_text(json.dumps({"machine": machine(), "config": RUNS[name][0],
-                                                          "overrides": [*COMMON, *RUNS[name][1]],
-                                                          "metrics": rows}, indent=1) + "\n")
+        path = GOLDEN / f"{name}.json"
+        records = json.loads(path.read_text())["records"] if path.exists() else []
+        records = [r for r in records if r["machine"] != machine()]
+        records.append({"machine": machine(), "config": RUNS[name][0],
+                        "overrides": [*COMMON, *RUNS[name][1]], "metrics": rows})
+        path.write_text(json.dumps({"records": records}, indent=1) + "\n")
         print(f"recorded {name}: {len(rows)} rows", flush=True)
 
 
