@@ -4,16 +4,16 @@ One step, top to bottom (`Trainer.step`), each stage one named, timed call:
     prompts -> rollout (G samples each) -> rewards -> reference log-probs (and the KL in the
     reward) and critic values (the forwards, when used) -> advantages (pure) -> critic update
     -> policy update -> sync
-then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). With
-`trainer.max_staleness` > 0 the first two stages run ahead in the rollout process
-(`reasonrl.producer`), on batches of older policy versions, and the step takes its batch.
+then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). The batch comes from
+the run's batch source (`reasonrl.source`): collected now, on-policy, or ahead on a rollout
+side of its own by an older policy version (trainer.max_staleness > 0); the step reads the same
+either way, and so do the sync (`publish`) and the held-out eval.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,24 +23,21 @@ import torch
 
 from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import StepBatch, TrainBatch
-from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, from_plain, read_checkpoint
-from reasonrl.collect import collect_batch
+from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.config import Config, to_dict
-from reasonrl.data import PromptSampler, load_examples
-from reasonrl.errors import TrainingAborted, WeightSyncError
-from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
+from reasonrl.data import load_examples
+from reasonrl.errors import TrainingAborted
+from reasonrl.evaluate import eval_settings, record_plan
 from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
-from reasonrl.producer import Producer, RayParts, split_threads, version_for
-from reasonrl.registry import ENGINES
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
 from reasonrl.run import RunDir, StopSignals
+from reasonrl.source import BatchSource, make_source, trainer_threads
 from reasonrl.tracking import Tracker
-from reasonrl.weights import probe_ids
 
 
 @dataclass
@@ -96,12 +93,7 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
-        # asynchronous ray mode: a thread of this process drives the rollout replicas
-        self.ray_async = t.max_staleness > 0 and cfg.placement.mode == "ray"
-        if t.max_staleness > 0 and not self.ray_async:  # the rollout process runs beside: cores shared out
-            torch.set_num_threads(split_threads(t.threads, r.threads)[0])
-        else:
-            torch.set_num_threads(t.threads or os.cpu_count() or 1)
+        torch.set_num_threads(trainer_threads(cfg))  # shared with a rollout process beside, if any
         self.train_examples, self.held_out = load_examples(cfg.data, t.seed)
         if t.epochs > 0:
             self.cfg = cfg = with_epochs(cfg, len(self.train_examples))
@@ -119,7 +111,7 @@ class Trainer:
             raise
 
     def build(self, cfg: Config) -> None:
-        """Workers, sampler and the checkpoint resumed from (read under the run's lock)."""
+        """Workers, the batch source and the checkpoint resumed from (read under the run's lock)."""
         t, r = cfg.trainer, cfg.rollout
         self.workers = build_workers(cfg)
         # Seed after loading: a first-run model conversion draws random numbers (weight
@@ -129,16 +121,15 @@ class Trainer:
                                                   self.workers.critic)
         # every prompt too long for data.max_prompt_tokens, listed now, not at step 500
         check_prompt_lengths(self.rollout, self.train_examples + self.held_out, cfg.data.max_prompt_tokens)
-        self.sampler = PromptSampler(self.train_examples, t.seed, cfg.data.shuffle)
-        self.sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                       max_new_tokens=r.max_new_tokens)
+        sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  max_new_tokens=r.max_new_tokens)
+        self.source: BatchSource = make_source(cfg, self.workers, self.train_examples, self.held_out,
+                                               self.eval_settings, sampling)
         self.step_count = 0
         self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
         self.bad_reason = ""  # what made the last bad step bad
         self.reward_failures = FailureLog()
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
-        self.producer: Producer | None = None  # trainer.max_staleness > 0: started by the first step
-        self.in_flight: dict | None = None  # the batches in flight the checkpoint resumed from kept
         self.stop = StopSignals(lambda: f"step {self.step_count + 1}")  # SIGINT/SIGTERM during `fit`
         if self.run.checkpoint is not None:
             self.load_checkpoint(self.run.checkpoint)
@@ -154,10 +145,9 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_weights(read_critic_weights(path / CRITIC_DIR))
             self.critic.load_state_dict(tensors["critic"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.source.restore(state["sampler"], tensors.get("in_flight"))
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
-        self.in_flight = tensors.get("in_flight")
-        self.sync_weights()
+        self.source.publish(self.step_count)  # the loaded weights are this version
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
 
@@ -165,16 +155,13 @@ class Trainer:
 
     def step(self) -> tuple[dict[str, float], StepBatch, torch.Tensor]:
         """One training step: each stage one named call, timed as `time/<stage>` (rollout and
-        reward inside `collect_batch`, which may resample), every model forward among them."""
+        reward inside the source's `collect_batch`, which may resample), every model forward
+        among them."""
         algo = self.cfg.algo
         reset_gpu_peak()
         t0 = time.perf_counter()
-        batch, produced = self.collect()  # rollout + reward, here or in the rollout process
+        batch, produced = self.source.take(self.step_count)  # rollout + reward, now or made ahead
         rollouts, times = batch.rollouts, dict(batch.seconds)
-        expected = version_for(self.step_count, self.cfg.trainer.max_staleness)
-        if rollouts.policy_version != expected:  # the schedule the update's corrections assume
-            raise WeightSyncError(f"step {self.step_count + 1}: rollouts came from policy version "
-                                  f"{rollouts.policy_version}, expected {expected}")
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
         ref = kl = values = None
@@ -193,7 +180,7 @@ class Trainer:
                                rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))
         self.step_count += 1  # the policy is now at version step_count
-        timed(times, "sync", self.sync_weights)
+        timed(times, "sync", self.source.publish, self.step_count, self.eval_due(self.step_count))
         times["step"] = time.perf_counter() - t0
         metrics.update(batch_metrics(batch, advantages, loss_mask))
         metrics.update(produced)
@@ -201,79 +188,18 @@ class Trainer:
         metrics.update(gpu_memory_metrics())
         return metrics, batch, advantages
 
-    def collect(self) -> tuple[StepBatch, dict[str, float]]:
-        """(this step's batch, the `async/` metrics of its making): collected now (on-policy), or
-        taken from the rollout process, which made it from policy version
-        `version_for(step, max_staleness)` while earlier steps trained (`reasonrl.producer`)."""
-        staleness = self.cfg.trainer.max_staleness
-        if staleness == 0:
-            return collect_batch(self.rollout, self.sampler, self.sampling, self.cfg), {}
-        if self.producer is None:
-            self.producer = self.start_producer()
-        batch, stats = self.producer.take(self.step_count)
-        lag = self.step_count - batch.rollouts.policy_version  # every row of a batch: one version
-        hist = {f"async/staleness_{k}": float(k == lag) for k in range(staleness + 1)}
-        return batch, {**stats, "async/staleness": float(lag), **hist}
-
-    def start_producer(self, evaluate: bool = False) -> Producer:
-        """The rollout process (ray mode: the producer's thread), from this step on: a resumed
-        run's batches in flight given back, this version published (which asks for the batches
-        it generates; with `evaluate`, ray mode's held-out eval of it first)."""
-        t, r = self.cfg.trainer, self.cfg.rollout
-        in_flight = None if self.in_flight is None else from_plain(self.in_flight, "state.pt in_flight")
-        threads = split_threads(t.threads, r.threads)[1]
-        producer = Producer(self.cfg, self.train_examples, self.sampling, start=self.step_count,
-                            in_flight=in_flight, threads=threads, ray=self.ray_parts())
-        producer.publish(self.step_count, self.policy, evaluate=evaluate)
-        self.in_flight = None
-        return producer
-
-    def ray_parts(self) -> RayParts | None:
-        """Ray mode's producer: the replicas, the streamed sync, the probe's ids when the engine
-        checks pushes by log-probs, the held-out set and its settings. None in local mode."""
-        if not self.ray_async:
-            return None
-        cfg = self.cfg
-        probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
-        probe = probe_ids(self.workers.tokenizer) if probes else None
-        return RayParts(self.rollout, self.workers.sync.transport, probe, self.held_out, self.eval_settings)
-
-    def sync_weights(self) -> None:
-        """Push the policy's weights to the rollout engine and check, by checksum (and for
-        engines that want it, the log-probs of a probe sequence), that the engine serves
-        them (`WeightSyncError` otherwise); later rollouts carry this version
-        (`reasonrl.placement.sync`). Asynchronous training also hands the version to the
-        rollout process (`Producer.publish`: copied, if a batch still to come needs it). In ray
-        mode the replicas are the producer's alone: the version is only published (snapshotted
-        into the object store, loaded when the schedule reaches it), with the held-out eval when
-        one is due after this step."""
-        if self.ray_async:  # the replicas are the producer's: it loads a version when its schedule does
-            if self.producer is not None:
-                self.producer.publish(self.step_count, self.policy, evaluate=self.eval_due(self.step_count))
-            return
-        checks = self.workers.sync.push(self.step_count)
-        if self.producer is not None:  # the checksum the push was checked against: computed once
-            self.producer.publish(self.step_count, self.policy, checks["expected_checksum"])
-
     def eval_due(self, step: int) -> bool:
         """The held-out eval runs after this step (every `trainer.eval_every`, and after the last)."""
         every = self.cfg.trainer.eval_every
         return bool(self.held_out) and (bool(every) and step % every == 0 or step == self.cfg.trainer.steps)
 
     def evaluate(self) -> dict[str, float]:
-        """`reasonrl.evaluate.evaluate` on the held-out set with the `eval` section's settings
-        (default greedy, one sample), as `eval/` metrics: pass@k overall and per data_source.
-        The same function and numbers as `reasonrl eval` with those settings (`--greedy`)."""
+        """The held-out set's `eval/` metrics (pass@k overall and per data_source) with the `eval`
+        section's settings (default greedy, one sample), from the batch source: the same
+        function and numbers as `reasonrl eval` with those settings (`--greedy`)."""
         if not self.held_out:
             return {}
-        if self.ray_async:  # on the replicas, in the producer's order (`eval_due` asked for it)
-            found = self.producer.evaluate(self.step_count, self.policy)
-            seconds = found.pop("time/eval")
-            return {**{f"eval/{k}": v for k, v in found.items()}, "time/eval": seconds}
-        t = time.perf_counter()
-        found = evaluate(self.rollout, self.policy, self.held_out, self.eval_settings, self.cfg.reward)
-        metrics = {f"eval/{k}": v for k, v in eval_metrics(found.results, self.eval_settings.ks).items()}
-        return {**metrics, "time/eval": time.perf_counter() - t}
+        return self.source.evaluate(self.step_count)
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -287,9 +213,6 @@ class Trainer:
                   f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
             return run_dir, resumed["eval_before"]
         print(f"[reasonrl] run directory: {run_dir}", flush=True)
-        if self.cfg.trainer.max_staleness > 0 and self.producer is None:
-            # it builds its engine while the eval below runs (ray mode: runs the eval first)
-            self.producer = self.start_producer(evaluate=self.ray_async and bool(self.held_out))
         eval_before = self.evaluate()
         if eval_before:
             s = self.eval_settings
@@ -300,11 +223,10 @@ class Trainer:
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
         """checkpoints/step_N; with batches in flight (asynchronous training) they are kept too,
-        with the rollout process's state after them (its sampler's is the one saved)."""
+        with the rollout side's state after them (its sampler's is the one saved)."""
         config = to_dict(self.cfg)
-        sampler, extra = self.sampler.state_dict(), None
-        if self.producer is not None and (kept := self.producer.in_flight(self.step_count)) is not None:
-            sampler, extra = kept["state"]["sampler"], {"in_flight": kept}
+        sampler, in_flight = self.source.state(self.step_count)
+        extra = None if in_flight is None else {"in_flight": in_flight}
         state = {"sampler": sampler, "config": config, "config_hash": config_hash(config),
                  "eval_before": eval_before, "bad_steps": self.bad_steps}
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,
@@ -366,14 +288,9 @@ class Trainer:
         try:
             return self.train_steps()
         finally:
-            self.close_producer()
+            if self.source is not None:
+                self.source.close()  # a rollout side stopped with the run
             self.run.release()
-
-    def close_producer(self) -> None:
-        """Stop the rollout process of asynchronous training, if one runs."""
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
 
     def train_steps(self) -> RunResult:
         cfg = self.cfg

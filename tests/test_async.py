@@ -1,7 +1,7 @@
-"""Asynchronous off-policy training (trainer.max_staleness = K > 0, `reasonrl.producer`): the
-fixed schedule, staleness in the metrics, runs that repeat and resume bitwise with batches in
-flight, the rollout process's failures raised with its traceback, and the pieces (records as
-plain data, weights through shared memory)."""
+"""Asynchronous off-policy training (trainer.max_staleness = K > 0, `reasonrl.source.Ahead`): the
+fixed schedule, staleness in the metrics, runs that repeat, resume and extend bitwise with
+batches in flight, the rollout process's failures raised with its traceback, and the pieces
+(records as plain data, weights through shared memory)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,12 @@ from safetensors.torch import load_file
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, StepBatch, Turn
 from reasonrl.checkpoint import from_plain, plain_rng, to_plain
 from reasonrl.errors import CheckpointError, ProducerError, TrainingInterrupted, WeightSyncError
-from reasonrl.producer import (
-    RayParts,
-    RaySide,
-    queue_pipe,
-    share_weights,
-    split_threads,
-    unshare_weights,
-    version_for,
-)
+from reasonrl.evaluate import eval_settings
+from reasonrl.placement import share_weights, unshare_weights
 from reasonrl.rng import rng_state
 from reasonrl.rollout import prompt_seeds
+from reasonrl.source import RaySide, SideParts, batches_allowed, split_threads, version_for
+from reasonrl.source.channel import queue_pipe
 from reasonrl.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
@@ -71,6 +66,28 @@ def test_the_schedule_is_fixed_by_k():
     assert [version_for(b, 0) for b in range(5)] == [0, 1, 2, 3, 4]
     assert [version_for(b, 1) for b in range(5)] == [0, 0, 1, 2, 3]
     assert [version_for(b, 2) for b in range(5)] == [0, 0, 0, 1, 2]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_schedule_does_not_depend_on_the_runs_length(k):
+    """Each version asks for the batches up to its own + K, past the run's last step too (the
+    last checkpoint keeps them for a run extended later), except the final version, whose
+    weights the last checkpoint holds: a 4-step run asks for what the first 4 versions of a
+    6-step run ask for, and nothing more."""
+    def asked(steps: int, versions: int) -> list[list[int]]:
+        first, out = 0, []
+        for v in range(versions):
+            todo = batches_allowed(v, first, k, steps)
+            out.append(todo)
+            first = todo[-1] + 1 if todo else first
+        return out
+
+    assert asked(4, 5)[:4] == asked(6, 4)
+    assert asked(4, 5)[4] == []  # the final version makes no batch
+    assert asked(4, 5)[0] == list(range(k + 1)) and asked(4, 5)[3] == [3 + k]
+    for steps in (4, 6):
+        assert all(version_for(b, k) == v for v, todo in enumerate(asked(steps, steps + 1)) for b in todo
+                   if b > k)
 
 
 def test_threads_are_shared_out_between_the_two_sides():
@@ -124,11 +141,29 @@ def stop_and_resume(tmp_path: Path, k: int, *overrides: str) -> None:
     interrupt_after(trainer, 2)  # the handler lets step 2 finish and save
     with pytest.raises(TrainingInterrupted):
         trainer.fit()
-    assert trainer.producer is None  # the rollout process stopped with the run
+    assert trainer.source.worker is None  # the rollout process stopped with the run
     kept = torch.load(tmp_path / "r" / "checkpoints" / "step_2" / "state.pt", weights_only=True)["in_flight"]
-    # asked for after step 2's sync: batches 2 .. 2 + K (those of the 4 steps), versions 0 .. 2
-    assert sorted(kept["batches"]) == [str(b) for b in range(2, min(3 + k, STEPS))]
+    # asked for after step 2's sync: batches 2 .. 2 + K, versions 1 .. 2
+    assert sorted(kept["batches"]) == [str(b) for b in range(2, 3 + k)]
     Trainer(cfg_for(tmp_path, "r", *over, "trainer.resume=auto")).fit()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_finished_run_extended_is_the_longer_run(straight, tmp_path, k):
+    """A finished 2-step run, resumed with trainer.steps raised to 4: its last checkpoint kept
+    the K batches made ahead by versions it trained past, so the extension is bitwise the
+    straight 4-step run (weights, metrics, samples)."""
+    extend(tmp_path, k, f"trainer.max_staleness={k}")
+    assert_same_run(tmp_path / "x", straight[k])
+
+
+def extend(tmp_path: Path, k: int, *overrides: str) -> None:
+    """Run x trained to step 2 (its eval then as the 4-step run's), then extended to step 4."""
+    Trainer(cfg_for(tmp_path, "x", *overrides, "trainer.steps=2", "trainer.keep_last=0")).fit()
+    kept = torch.load(tmp_path / "x" / "checkpoints" / "step_2" / "state.pt", weights_only=True)["in_flight"]
+    assert sorted(int(b) for b in kept["batches"]) == list(range(2, 2 + k))
+    Trainer(cfg_for(tmp_path, "x", *overrides, "trainer.resume=auto",
+                    "trainer.allow_config_change=[trainer.steps]")).fit()
 
 
 # ---- ray mode: a thread of the trainer drives the rollout replicas ---------------------------
@@ -160,9 +195,21 @@ def test_ray_mode_with_two_ranks_and_two_replicas(ray_session, straight, tmp_pat
     assert_metrics_close(placement_metrics(tmp_path / "dp"), placement_metrics(straight[1]), rel=1e-4)
 
 
+def test_a_finished_ray_run_extended_is_the_longer_run(ray_session, tmp_path):
+    """The extension of a finished run in ray mode (K = 1): bitwise the straight ray run."""
+    Trainer(cfg_for(tmp_path, "straight", *RAY)).fit()
+    extend(tmp_path, 1, *RAY)
+    assert_same_run(tmp_path / "x", tmp_path / "straight")
+
+
 def placement_metrics(run: Path) -> list[dict]:
     timing = ("async/wait", "async/producer_idle", "async/sync_pause")
     return [{k: v for k, v in r.items() if k not in timing} for r in helpers.metrics(run)]
+
+
+def ray_side(rollout, transport) -> RaySide:
+    cfg = smoke_cfg(Path("/unused"), "x")
+    return RaySide(cfg, SideParts([], [], eval_settings(cfg), 1, rollout, transport))
 
 
 class FakeReplicas:
@@ -184,10 +231,9 @@ def test_a_probe_computed_at_publish_goes_only_with_a_push_the_engine_probes(due
     busy then); the producer's thread passes them on only when the replicas want that push
     probed."""
     fake = FakeReplicas(due)
-    cfg = smoke_cfg(Path("/unused"), "x")
-    side = RaySide(cfg, [], RayParts(fake, fake, [5, 6], [], None))
+    side = ray_side(fake, fake)
     probe = torch.tensor([-0.5])
-    side.load(3, (["ref"], dict(version=3, expected_checksum=1.0, expected_probe=probe)))
+    side.load(["ref"], dict(version=3, expected_checksum=1.0, expected_probe=probe))
     (refs, checks), = fake.loaded
     assert refs == ["ref"] and checks["version"] == 3 and checks["expected_checksum"] == 1.0
     assert checks["expected_probe"] is (probe if due else None)
@@ -197,9 +243,9 @@ def test_a_push_the_replicas_want_probed_without_a_probe_is_an_error():
     """An engine whose registry entry says it never probes, whose replicas ask for a probe: the
     load fails rather than skipping the check."""
     fake = FakeReplicas([5, 6])
-    side = RaySide(smoke_cfg(Path("/unused"), "x"), [], RayParts(fake, fake, None, [], None))
-    with pytest.raises(WeightSyncError, match="version 3: the rollout replicas want this push checked"):
-        side.load(3, (["ref"], dict(version=3, expected_checksum=1.0, expected_probe=None)))
+    side = ray_side(fake, fake)
+    with pytest.raises(WeightSyncError, match="version 3: the rollout engine wants this push checked"):
+        side.load(["ref"], dict(version=3, expected_checksum=1.0, expected_probe=None))
     assert fake.loaded == []
 
 
@@ -220,7 +266,7 @@ def test_the_ray_producers_seeds_are_the_local_processs():
     """Local mode's process seeds torch's global RNG with trainer.seed + 1; the ray producer's
     generator, seeded the same, draws the same prompt seeds; its state round-trips."""
     cfg = smoke_cfg(Path("/unused"), "x")
-    side = RaySide(cfg, [], RayParts(None, None, None, [], None))
+    side = ray_side(None, None)
     state = side.state()
     torch.manual_seed(cfg.trainer.seed + 1)
     expected = prompt_seeds(4)
@@ -232,12 +278,11 @@ def test_the_ray_producers_seeds_are_the_local_processs():
 def test_either_sides_state_continues_the_other_s_seeds():
     """A run resumed with placement.mode changed (--allow-config-change placement.mode): the ray
     side takes the local process's state (its torch RNG) and continues its prompt seeds."""
-    cfg = smoke_cfg(Path("/unused"), "x")
     with torch.random.fork_rng():
         torch.manual_seed(123)
         local_state = {"sampler": {}, "rng": plain_rng(rng_state())}
         expected = prompt_seeds(4)
-    side = RaySide(cfg, [], RayParts(None, None, None, [], None))
+    side = ray_side(None, None)
     side.sampler.load_state_dict = lambda state: None  # the sampler's own round trip is tested elsewhere
     side.set_state(local_state)
     assert prompt_seeds(4, side.generator) == expected
@@ -261,12 +306,12 @@ def test_a_dead_rollout_process_is_an_error_naming_it(tmp_path):
     trainer = Trainer(cfg_for(tmp_path, "dead", "trainer.max_staleness=1"))
     try:
         trainer.step()
-        trainer.producer.worker.kill()
+        trainer.source.worker.kill()
         with pytest.raises(ProducerError, match="rollout process (exited|failed)"):
             for _ in range(3):
                 trainer.step()
     finally:
-        trainer.close_producer()
+        trainer.source.close()
         trainer.run.release()
 
 
@@ -277,13 +322,14 @@ def test_a_failure_in_the_rollout_process_comes_back_with_its_traceback(tmp_path
 
     cfg = cfg_for(tmp_path, "bad", "trainer.max_staleness=1")
     trainer = Trainer(cfg)
-    trainer.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(tmp_path / "gone")))
+    gone = dataclasses.replace(cfg.model, path=str(tmp_path / "gone"))
+    trainer.source.cfg = dataclasses.replace(cfg, model=gone)
     try:
         with pytest.raises(ProducerError, match="(?s)rollout process failed while producing batch 0.*"
                                                 "Traceback.*gone"):
             trainer.step()
     finally:
-        trainer.close_producer()
+        trainer.source.close()
         trainer.run.release()
 
 

@@ -8,7 +8,8 @@ and the weight sync between them. One module per job:
 - `actors`: placement.mode=ray (the workers inside Ray actors, capacity and start-up checks);
 - `proxies`: the trainer's side of ray mode (the declared worker APIs as remote calls);
 - `sync`: weight sync, `WeightSync.push(version)` over a transport (in-process copy, or
-  buckets streamed from the policy's actors to the rollout replicas).
+  buckets streamed from the policy's actors to the rollout replicas), and its two halves for
+  asynchronous training (`snapshot` now, `receive` later; shared memory to the rollout process).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from reasonrl.placement.local import (
     make_critic,
     make_policy,
     make_rollout,
+    rollout_process_worker,
     value_model,
 )
 from reasonrl.placement.preflight import (
@@ -34,12 +36,23 @@ from reasonrl.placement.preflight import (
     preflight,
 )
 from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout
-from reasonrl.placement.sync import InProcessCopy, StreamedBuckets, WeightSync
+from reasonrl.placement.sync import (
+    InProcessCopy,
+    SharedMemory,
+    StreamedBuckets,
+    WeightSync,
+    receive,
+    share_weights,
+    unshare_weights,
+)
+from reasonrl.registry import ENGINES
+from reasonrl.weights import probe_ids
 
 __all__ = ["DEFAULT_POSITIONS", "DTYPES", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
-           "RemotePolicy", "RemoteRollout", "StreamedBuckets", "WeightSync", "Workers", "build_workers",
-           "check_model_context", "critic_lm", "load_model", "make_critic", "make_policy", "make_rollout",
-           "model_positions", "preflight", "value_model"]
+           "RemotePolicy", "RemoteRollout", "SharedMemory", "StreamedBuckets", "WeightSync", "Workers",
+           "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic", "make_policy",
+           "make_rollout", "model_positions", "preflight", "receive", "rollout_process_worker",
+           "share_weights", "snapshot_sync", "unshare_weights", "value_model"]
 
 
 def build_workers(cfg: Config) -> Workers:
@@ -50,3 +63,15 @@ def build_workers(cfg: Config) -> Workers:
     if cfg.placement.mode != "local":
         raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
     return build_local_workers(cfg)
+
+
+def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:
+    """The weight sync of asynchronous training, whose pushes are split in two (`snapshot`,
+    `receive`): to the rollout process through shared memory (placement.mode=local), or to the
+    rollout replicas through Ray's object store (ray: the streamed buckets of `workers.sync`).
+    Snapshots carry the probe's log-probs when the engine may check a push by them."""
+    probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
+    probe = probe_ids(workers.tokenizer) if probes else None
+    if cfg.placement.mode == "ray":
+        return WeightSync(workers.policy, workers.rollout, workers.sync.transport, probe)
+    return WeightSync(workers.policy, None, SharedMemory(workers.policy), probe)

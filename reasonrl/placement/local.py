@@ -112,6 +112,14 @@ def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
                          d.truncate_prompts, env=environment_spec(cfg.env))
 
 
+def rollout_process_worker(cfg: Config) -> RolloutWorker:
+    """The rollout worker of asynchronous training's rollout process (placement.mode=local,
+    trainer.max_staleness > 0): its own model on `placement.device` and its own engine, whose
+    weights arrive by `SharedMemory` (`reasonrl.source`)."""
+    model, tokenizer = load_model(cfg, resolve_device(cfg.placement.device))
+    return make_rollout(cfg, model, tokenizer)
+
+
 def build_local_workers(cfg: Config) -> Workers:
     device = resolve_device(cfg.placement.device)
     model, tokenizer = load_model(cfg, device)
