@@ -52,6 +52,27 @@ def _group_stats(rewards: torch.Tensor, group: torch.Tensor
     return count, mean, (sq / (count - 1).clamp(min=1)).sqrt()
 
 
+def flat_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose group's rewards are all exactly equal (max == min).
+
+    Such a group carries no signal and its advantage is 0 by definition, but the float32 mean
+    of equal values need not be the value itself: mean([0.1] * 8) is one ulp off 0.1, so
+    r - mean is ~7e-9, the std ~1e-8, and (r - mean) / (std + eps) is -0.935 at eps = 0 and
+    -7.4e-3 at 1e-6. Every group estimator sets these rows to exactly 0 instead of trusting
+    the rounding (exact equality: rewards that differ by an ulp are different rewards; NaN is
+    never flat)."""
+    num_groups = int(group.max().item()) + 1
+    start = torch.zeros(num_groups, dtype=rewards.dtype)
+    high = start.scatter_reduce(0, group, rewards, "amax", include_self=False)
+    low = start.scatter_reduce(0, group, rewards, "amin", include_self=False)
+    return (high == low)[group]
+
+
+def _flat_batch(x: torch.Tensor) -> bool:
+    """Whether every value of `x` is exactly equal (a batch-level estimator's flat case)."""
+    return bool((x.max() == x.min()).item()) if len(x) else True
+
+
 def group_mean_std(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's group mean and std, broadcast back to rows."""
     _, mean, std = _group_stats(rewards, group)
@@ -59,9 +80,10 @@ def group_mean_std(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Te
 
 
 def _batch_normalise(x: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """(x - mean(x)) / (std(x) + eps) over the whole batch; 0 where the batch is flat."""
+    """(x - mean(x)) / (std(x) + eps) over the whole batch; exactly 0 where the batch is flat
+    (all values equal: their float32 mean may be an ulp off, `flat_groups`)."""
     std = x.std() if len(x) > 1 else torch.zeros((), dtype=x.dtype)
-    if std <= 0:
+    if std <= 0 or _flat_batch(x):
         return torch.zeros_like(x)
     return (x - x.mean()) / (std + std_eps)
 
@@ -70,17 +92,19 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
                      std_eps: float = 1e-4) -> torch.Tensor:
     """Advantage [N] of each completion under group estimator `mode`, from its reward and the
     rewards around it (`estimate` without the record). Std is the unbiased estimate; a group
-    (or batch) whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
-    std_eps = 0 (where 0/0 would be NaN)."""
+    whose rewards are all equal gets advantage exactly 0 in every group mode, whatever std_eps
+    (0 included, where 0/0 would be NaN); the batch modes (`reinforce_baseline`,
+    `reinforce_pp`) give exactly 0 to a batch whose rewards are all equal; `raw` is the
+    reward itself."""
     if needs_critic(mode):
         raise ValueError(f"algo.advantage={mode} needs a critic's values (reasonrl.algo.gae), not groups")
     return estimate(mode, AdvantageInputs(rewards.float(), group, std_eps))[0]
 
 
 def _centred(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """r_i - mean(r_group)."""
+    """r_i - mean(r_group); exactly 0 in a flat group (`flat_groups`)."""
     _, mean, _ = _group_stats(rewards, group)
-    return rewards - mean[group]
+    return torch.where(flat_groups(rewards, group), torch.zeros_like(rewards), rewards - mean[group])
 
 
 @ADVANTAGES.register("raw", needs_groups=False)
@@ -95,7 +119,8 @@ def grpo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
     _, mean, std = _group_stats(x.rewards, x.group)
     std = std[x.group]
-    return torch.where(std > 0, (x.rewards - mean[x.group]) / (std + x.std_eps),
+    informative = (std > 0) & ~flat_groups(x.rewards, x.group)
+    return torch.where(informative, (x.rewards - mean[x.group]) / (std + x.std_eps),
                        torch.zeros_like(x.rewards)), None
 
 
@@ -122,7 +147,8 @@ def rloo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     no other sample: its advantage is 0."""
     count, mean, _ = _group_stats(x.rewards, x.group)
     g = count[x.group]
-    return torch.where(g > 1, (x.rewards - mean[x.group]) * g / (g - 1).clamp(min=1),
+    informative = (g > 1) & ~flat_groups(x.rewards, x.group)
+    return torch.where(informative, (x.rewards - mean[x.group]) * g / (g - 1).clamp(min=1),
                        torch.zeros_like(x.rewards)), None
 
 
@@ -130,7 +156,10 @@ def rloo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 def reinforce_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = r_i - mean(r_batch): REINFORCE with the batch's mean reward as the baseline
     (Williams 1992, "Simple Statistical Gradient-Following Algorithms", sec. 4, the
-    reinforcement baseline b); no per-prompt groups needed, no normalisation."""
+    reinforcement baseline b); no per-prompt groups needed, no normalisation. Exactly 0 for a
+    batch whose rewards are all equal."""
+    if _flat_batch(x.rewards):
+        return torch.zeros_like(x.rewards), None
     return x.rewards - x.rewards.mean(), None
 
 
@@ -146,8 +175,13 @@ def reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 @ADVANTAGES.register("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """r_i - mean(r_group), then normalised over the batch as in `reinforce_pp` (REINFORCE++
-    w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`)."""
-    return _batch_normalise(_centred(x.rewards, x.group), x.std_eps), None
+    w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`). A flat group's
+    centred values are 0 and so is the batch mean of the centred values, in exact arithmetic;
+    its rows get exactly 0 (the float32 batch mean is rounding noise, which the other groups
+    keep as verl's does)."""
+    centred = _centred(x.rewards, x.group)
+    return torch.where(flat_groups(x.rewards, x.group), torch.zeros_like(centred),
+                       _batch_normalise(centred, x.std_eps)), None
 
 
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
