@@ -74,7 +74,8 @@ def run(name: str, out: Path) -> list[dict]:
                                                   f"trainer.run_name={name}"])
     train(cfg)
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    varies = ("time/", "mem/", "rollout/tokens_per_s", "async/wait", "async/sync_pause", "async/producer_idle")
+    varies = ("time/", "mem/", "rollout/tokens_per_s", "async/wait", "async/sync_pause",
+              "async/producer_idle")
     return [{k: v for k, v in r.items() if not k.startswith(varies)} for r in rows]
 
 
