@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -28,6 +29,7 @@ from reasonrl.rewards import (
     score,
     think_answer_format_reward,
 )
+from reasonrl.rewards.extract import all_between, first_between
 
 # ---------------------------------------------------------------------------- extraction
 
@@ -68,6 +70,30 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
 ])
 def test_extract_answer_tag(text: str, expected: str | None) -> None:
     assert extract_answer_tag(text) == expected
+
+
+@pytest.mark.parametrize("text, first, every", [
+    ("<answer>1</answer><answer>2</answer>", "1", ["1", "2"]),
+    ("<answer>x<answer>y</answer>z</answer>", "x<answer>y", ["x<answer>y"]),  # the first close ends it
+    ("</answer><answer>1</answer>", "1", ["1"]),  # a close before any open is not a pair
+    ("<answer>\n1\n</answer>", "\n1\n", ["\n1\n"]),  # across lines (re.DOTALL)
+    ("<answer></answer>", "", [""]),
+    ("<answer>1", None, []),
+    ("<ANSWER>1</ANSWER>", None, []),  # case-sensitive, as the regexes they stand for
+    ("<answer>1</answer><answer>2", "1", ["1"]),
+])
+def test_first_and_all_between_are_the_non_greedy_regexs_matches(text, first, every):
+    """`first_between` / `all_between` are `re.search` / `re.findall` of `<answer>(.*?)</answer>`
+    with re.DOTALL (what ReasonRL, EasyRL and trl_GRPO search with), in linear time."""
+    assert first_between(text, "<answer>", "</answer>") == first
+    assert all_between(text, "<answer>", "</answer>") == every
+    match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert (match.group(1) if match else None) == first
+    assert re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL) == every
+    start = time.perf_counter()
+    first_between("<answer>" * 200_000, "<answer>", "</answer>")  # the regex: ~10^10 steps
+    all_between("<answer>" * 200_000 + "</answer>", "<answer>", "</answer>")
+    assert time.perf_counter() - start < 1.0
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -302,8 +328,8 @@ def test_gate_makes_the_sum_all_or_nothing() -> None:
 
 
 def test_reward_components_and_make_reward_fn() -> None:
-    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero", "boxed",
-                                              "answer_present"}
+    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero",
+                                              "format_trl_grpo", "boxed", "answer_present"}
     assert make_reward_fn("correct")("so 18", "18") == 1.0
     assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
     assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5

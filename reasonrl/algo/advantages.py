@@ -27,6 +27,7 @@ class AdvantageInputs:
     rewards: torch.Tensor  # [N] float: each completion's reward (KL in the reward: penalised)
     group: torch.Tensor  # [N] long: the prompt (0..B-1) each completion answers
     std_eps: float = 1e-4  # added to a std before dividing by it (algo.std_eps)
+    std_ddof: int = 1  # grpo's group std divides by n - std_ddof: 1 unbiased, 0 population (algo.std_ddof)
     token_rewards: torch.Tensor | None = None  # [N, T] r_t: -beta KL_t, plus the score at the last token
     values: torch.Tensor | None = None  # [N, T] the critic's V(s_t)
     mask: torch.Tensor | None = None  # [N, T] 1 on a row's tokens, 0 on padding
@@ -42,14 +43,15 @@ def estimate(mode: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
     return ADVANTAGES[mode].fn(inputs)
 
 
-def _group_stats(rewards: torch.Tensor, group: torch.Tensor
+def _group_stats(rewards: torch.Tensor, group: torch.Tensor, ddof: int = 1
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-group count, mean and unbiased std (as torch.std and TRL; 0 for a group of one)."""
+    """Per-group count, mean and std: sqrt(sum (r - mean)^2 / (n - ddof)); ddof 1 the unbiased
+    std (torch.std, TRL; 0 for a group of one), 0 the population std (np.std, ReasonRL, EasyRL)."""
     num_groups = int(group.max().item()) + 1
     count = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, torch.ones_like(rewards))
     mean = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, rewards) / count
     sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, (rewards - mean[group]) ** 2)
-    return count, mean, (sq / (count - 1).clamp(min=1)).sqrt()
+    return count, mean, (sq / (count - ddof).clamp(min=1)).sqrt()
 
 
 def flat_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -116,8 +118,9 @@ def raw(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 @ADVANTAGES.register("grpo", needs_groups=True)
 def grpo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): GRPO's group-normalised advantage
-    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
-    _, mean, std = _group_stats(x.rewards, x.group)
+    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2). The std's divisor is n - std_ddof
+    (algo.std_ddof: 1 unbiased as TRL, 0 the population std as ReasonRL's np.std)."""
+    _, mean, std = _group_stats(x.rewards, x.group, x.std_ddof)
     std = std[x.group]
     informative = (std > 0) & ~flat_groups(x.rewards, x.group)
     return torch.where(informative, (x.rewards - mean[x.group]) / (std + x.std_eps),

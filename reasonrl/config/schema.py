@@ -23,6 +23,7 @@ from reasonrl.registry import (
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    MATH_SCORING,
     PIECEWISE_SCORING,
     POLICY_LOSSES,
     RATIO_LEVELS,
@@ -198,7 +199,6 @@ class EnvConfig:
     workers: int = param(8, ge=1)  # environment steps that run at once
     tool_timeout: float = param(10.0, gt=0)  # seconds per tool call (wall clock); then its processes die
     tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
-    tool_disk_mb: int = param(64, ge=1)  # what a python tool call's directory may take on disk
     sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
 
 
@@ -220,6 +220,9 @@ class RewardConfig:
     # piecewise scoring (PIECEWISE_SCORING): partial_credit = reasonrl's checked equations;
     # transparent_grpo = Transparent GRPO's regex credits (the canonical problem only)
     piecewise_rule: str = param("partial_credit", choices=PIECEWISE_SCORING)
+    # math scoring (MATH_SCORING): extracted = reasonrl's (\boxed{} > <answer> > last number, then
+    # math-verify); reason_rl / easyrl / trl = those systems' own math-verify rewards, as written there
+    math_rule: str = param("extracted", choices=MATH_SCORING)
     # custom batch reward for `correct`, "module:function": called once per rollout batch with all
     # completions, ground truths, group indices and extra_infos (README, "Custom rewards")
     batch_fn: str = ""
@@ -234,6 +237,7 @@ class AlgoConfig:
     # formulas, sources and how the keys combine: docs/algorithms.md
     advantage: str = param("grpo", choices=ADVANTAGES)
     std_eps: float = param(1e-4, ge=0)
+    std_ddof: int = param(1, ge=0, le=1)  # the std's divisor n - ddof: 1 = unbiased (torch, TRL), 0 = np.std
     policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # ppo (clipped surrogate) | cispo | gmpo | sapo
     clip_low: float = param(0.2, ge=0)
     clip_high: float = param(0.2, ge=0)
