@@ -3,17 +3,26 @@
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
-    reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--sandbox auto|bwrap|unshare|rlimit]
+    reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--disk-mb N] [--sandbox MODE]
     reasonrl report RUN [RUN ...] [-o report.html]
     reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
     reasonrl probe [--config C] [--model M] [--data FILE|TASK]
+
+Every failure ends in one line on stderr, `reasonrl: error: ...` (`reasonrl: config error: ...`
+for a configuration key) naming what happened and what to do, with exit code 2 when the input
+is at fault (config, data, run directory, disk, the machine's sandbox) and 1 when the run
+itself failed (training aborted, or an error reasonrl did not expect). No traceback, unless
+`--debug` (before or after the command) or the environment variable REASONRL_DEBUG=1 asks for
+one: then the traceback comes first and the same line last, with the same exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
 from reasonrl.config import load_config
@@ -26,6 +35,8 @@ from reasonrl.errors import (
     PlacementError,
     ReasonRLError,
     ReportError,
+    SandboxError,
+    TrainingAborted,
 )
 from reasonrl.eval_command import add_commands
 from reasonrl.registry import VERIFIERS
@@ -165,7 +176,8 @@ def _tool(args: argparse.Namespace) -> int:
             parsed = None
         if isinstance(parsed, dict):
             arguments = parsed
-    chosen = {"timeout": args.timeout, "memory_mb": args.memory_mb, "sandbox": args.sandbox}
+    chosen = {"timeout": args.timeout, "memory_mb": args.memory_mb, "disk_mb": args.disk_mb,
+              "sandbox": args.sandbox}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     mode = "parse (no code runs)"
     if TOOLS[args.name].info.get("sandboxed"):  # probed before the call: its seconds are its own
@@ -183,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reasonrl",
         description="GRPO-family reinforcement learning for language models on checkable tasks.")
+    # main() takes --debug out of the arguments wherever it stands; declared here for --help
+    parser.add_argument("--debug", action="store_true",
+                        help=f"on a failure, print its traceback before the one-line error (anywhere on "
+                             f"the command line; also: {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "train", help="train a policy",
@@ -262,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("arguments", metavar="ARGS", help="the call's arguments (text, JSON object, or -)")
     p.add_argument("--timeout", type=float, help="wall-clock seconds (default 10)")
     p.add_argument("--memory-mb", type=int, help="address space of the code's process in MB (default 512)")
+    p.add_argument("--disk-mb", type=int, help="disk its directory may take, in MB (default 64)")
     p.add_argument("--sandbox", choices=SANDBOX_MODES, help="sandbox mode (default auto)")
     p.set_defaults(func=_tool)
 
@@ -280,9 +297,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_ENV = "REASONRL_DEBUG"
+
+# What a failure is, for its exit code: the input (config, data, run directory, disk, the
+# machine's sandbox) is at fault -> 2; the run itself failed -> 1
+USER_ERRORS = (DataError, GroundTruthError, ModelLoadError, FileExistsError, ReportError, MissingExtraError,
+               PlacementError, ReasonRLError, SandboxError)
+
+
+def debug_wanted(args: argparse.Namespace | None) -> bool:
+    """`--debug` given, or REASONRL_DEBUG set to anything but "", 0, false or no."""
+    flag = args is not None and getattr(args, "debug", False)
+    return bool(flag) or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(text: str) -> str:
+    """A message on one line: its lines joined by " | " (a multi-line message, e.g. a YAML
+    parser's, stays readable and greppable)."""
+    return " | ".join(line.strip() for line in str(text).strip().splitlines() if line.strip())
+
+
+def failure_line(err: BaseException) -> tuple[str, int]:
+    """(the one line a failure ends in, its exit code)."""
+    if isinstance(err, ConfigError):
+        return f"reasonrl: config error: {one_line(err)}", 2
+    if isinstance(err, USER_ERRORS):
+        return f"reasonrl: error: {one_line(err)}", 2
+    if isinstance(err, TrainingAborted):
+        return f"reasonrl: error: {one_line(err)}", 1
+    what = one_line(err) or "(no message)"
+    return (f"reasonrl: error: {type(err).__name__}: {what} (unexpected: rerun with --debug, or "
+            f"{DEBUG_ENV}=1, for the traceback)"), 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    end = argv.index("--") if "--" in argv else len(argv)  # after `--`, "--debug" is an argument
+    debug = "--debug" in argv[:end]
+    argv = [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    args.debug = debug
     # argparse stops filling `overrides` at the first option: `train c.yaml --flag a.b=1`
     # leaves `a.b=1` unparsed; anything else unknown is a real error.
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
@@ -292,16 +347,15 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *rest]
     try:
         return args.func(args)
-    except ConfigError as err:
-        print(f"reasonrl: config error: {err}", file=sys.stderr)
-        return 2
-    except (DataError, GroundTruthError, ModelLoadError, FileExistsError, ReportError,
-            MissingExtraError, PlacementError, ReasonRLError) as err:
-        print(f"reasonrl: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("reasonrl: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # one line naming the fix; the traceback only when asked for
+        line, code = failure_line(err)
+        if debug_wanted(args):
+            traceback.print_exc()
+        print(line, file=sys.stderr, flush=True)
+        return code
 
 
 if __name__ == "__main__":

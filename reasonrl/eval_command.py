@@ -167,6 +167,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
     that task), or None for the config's own held-out set."""
     from reasonrl.data import load_examples, load_files, take_per_source
     from reasonrl.data.readers import is_hub_id
+    from reasonrl.data.tasks import prompt_budget
 
     seed = cfg.trainer.seed
     if data is None:
@@ -174,7 +175,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
             if not cfg.data.val_path:
                 raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
             d = cfg.data
-            examples = load_files(d.val_path, d.fields, d.val_subset, d.val_split, d.format)
+            examples = load_files(d.val_path, d.fields, d.val_subset, d.val_split, d.format, prompt_budget(d))
             examples = take_per_source(examples, d.val_size) if d.val_size else examples
         else:
             examples = load_examples(cfg.data, seed)[1]
@@ -188,7 +189,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
         what = f"{data} held-out split (seed {seed})"
     elif all(Path(p.strip()).exists() or is_hub_id(p.strip()) for p in data.split(",") if p.strip()):
         d = cfg.data  # a Hub id takes the config's held-out subset, split and format
-        examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format)
+        examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format, prompt_budget(d))
         what = data
     else:
         generated = [e.name for e in DATA_TASKS if e.info["generated"]]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from reasonrl.checkpoint import (
     STEP_DIR,
+    check_logs,
     find_resume_point,
     is_good,
     list_checkpoints,
@@ -175,6 +176,7 @@ class RunDir:
         resuming (damaged newer checkpoints set aside), else new (an `auto` resume with no
         checkpoint starts its run over)."""
         if offsets is not None:
+            check_logs(self.path, offsets, self.checkpoint)  # a log that lost lines: before anything changes
             remove_partial(self.path)
             self.set_aside_newer()
             with _writing("the run's logs in", self.path):
@@ -245,7 +247,29 @@ class RunDir:
                      if is_good(p) and verify_checkpoint(p) is None), None)
 
     def write_summary(self, summary: dict) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        """summary.json, whole or not at all (written beside, then renamed); a full disk is a
+        `StorageError` naming it."""
+        path, part = self.path / "summary.json", self.path / ".summary.json.part"
+        try:
+            with _writing("the run's summary", path):
+                part.write_text(json.dumps(summary, indent=2))
+                os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+
+    def log_write_error(self, err: OSError, path: Path, size: int) -> BaseException:
+        """What ends a run whose write of `size` bytes to a log (metrics.jsonl, samples.jsonl)
+        failed, the log left whole (`tracking.LogFile`): for lack of space or permission a
+        `StorageError` saying so and where the run resumes from (the checkpoint's log offsets cut
+        the logs back, so a resume is bitwise and nothing is lost), else the OSError itself."""
+        latest = self.latest()
+        if latest is None:
+            where = "no checkpoint was written yet, so the run must start again"
+        else:
+            where = (f"resume is bitwise from the last checkpoint, {latest}, so nothing is lost: "
+                     f"reasonrl train --resume {self.path}")
+        hint = f"; {path.name} is left whole (no torn line) and the run stopped: {where}"
+        return storage_error(err, "the run's log", path, size, hint) or err
 
     def interrupted(self, signal_name: str, step: int | None = None) -> TrainingInterrupted:
         """The exception that ends a stopped run: where it can resume from. `step` None: the

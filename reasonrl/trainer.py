@@ -379,7 +379,7 @@ class Trainer:
         cfg = self.cfg
         run_dir, eval_before = self.open_run()
         tracker = Tracker(run_dir, cfg.trainer.steps, cfg.trainer.progress, start_step=self.step_count,
-                          tracking=cfg.tracking, config=to_dict(cfg))
+                          tracking=cfg.tracking, config=to_dict(cfg), write_error=self.run.log_write_error)
         if eval_before and self.resumed is None:
             tracker.log(0, eval_before)
         metrics, eval_after = {}, eval_before

@@ -199,6 +199,7 @@ class EnvConfig:
     workers: int = param(8, ge=1)  # environment steps that run at once
     tool_timeout: float = param(10.0, gt=0)  # seconds per tool call (wall clock); then its processes die
     tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
+    tool_disk_mb: int = param(64, ge=1)  # what a python tool call's directory may take on disk
     sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
 
 
