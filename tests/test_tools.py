@@ -439,6 +439,16 @@ def test_many_empty_files_count_against_the_disk_limit(mode):
     assert "made them all" not in obs.output
 
 
+def test_a_call_past_its_disk_limit_between_two_looks_is_told_so_at_its_end(mode, monkeypatch):
+    """Written and exited before the watch looked again: the directory is measured once more at
+    the end, and the call's error says so (its exit code is its own: nothing was killed)."""
+    monkeypatch.setattr(bounds_module._DiskWatch, "due", lambda self, now: False)  # no look while it runs
+    obs, stats = hostile(mode, "open('a', 'wb').write(b'x' * (3 << 20))\nprint('done')", disk_mb=1)
+    assert obs.error == ("disk limit passed: the call's files took more than 1 MB in its directory; seen "
+                         "when it ended; its files were deleted")
+    assert obs.output == "done\n" and obs.exit_code == 0 and stats.errors == 1
+
+
 def test_a_call_under_its_disk_limit_runs_as_before(mode):
     obs, _ = hostile(mode, "open('a', 'wb').write(b'x' * (2 << 20))\nprint('ok')", disk_mb=4)
     assert obs.ok and obs.output == "ok\n"

@@ -117,8 +117,9 @@ def _supervise(argv: list[str], env: dict[str, str], extra: dict[str, Any], plan
     # what it wrote between the last look and its end counts too (the directory goes after this)
     over_disk = disk_out or (not memory_out and disk.over())
     by = plan.bounds.kind if cgroup is not None else "watchdog"
+    disk_how = "killed" if disk_out else "at its end" if over_disk else ""
     error = _error(proc.returncode, output, plan, limits, timed_out, truncated, by if memory_out else "",
-                   over_disk)
+                   disk_how)
     # ended by this process (timeout, output, memory, disk): SIGKILL, whatever unshare or bwrap exited with
     stopped = timed_out or truncated or memory_out or disk_out
     return Observation(output=output, error=error, timed_out=timed_out and not (memory_out or over_disk),
@@ -199,13 +200,15 @@ def _collect(proc: subprocess.Popen, limits: Limits, cgroup: _CallCgroup | None,
 
 
 def _error(code: int | None, output: str, plan: SandboxPlan, limits: Limits, timed_out: bool,
-           truncated: bool, memory_by: str = "", disk_out: bool = False) -> str | None:
+           truncated: bool, memory_by: str = "", disk: str = "") -> str | None:
     if memory_by:  # the per-call memory limit, by the call's cgroup or the watchdog
         return (f"memory limit passed: the call's processes together held more than {limits.memory_mb} MB "
                 f"(+ {CALL_OVERHEAD_MB} MB for the sandbox's own; {memory_by}); its processes were killed")
-    if disk_out:
+    if disk:  # "killed": seen while it ran; "at its end": written within the last look, seen once it ended
+        what = ("its processes were killed and its files deleted" if disk == "killed" else
+                "seen when it ended; its files were deleted")
         return (f"disk limit passed: the call's files took more than {limits.disk_mb} MB in its directory; "
-                f"its processes were killed and its files deleted")
+                f"{what}")
     if timed_out:
         return f"timed out after {limits.timeout:g} s (wall clock); its processes were killed"
     if truncated:
