@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from fractions import Fraction
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from reasonrl.rewards import (
     think_answer_format_reward,
 )
 from reasonrl.rewards.extract import all_between, first_between
+from reasonrl.rewards.numeric import canonical_answer, parse_exact
 
 # ---------------------------------------------------------------------------- extraction
 
@@ -183,10 +185,30 @@ def test_parse_number_never_raises() -> None:
 
 
 def test_numbers_equal() -> None:
-    assert numbers_equal(18.0, 18)
-    assert numbers_equal(0.1 + 0.2, 0.3)
+    """Exact: no tolerance (a relative 1e-6 took 1548557 for 1548556)."""
+    assert numbers_equal(18.0, 18) and numbers_equal(Fraction(1, 2), 0.5)
+    assert not numbers_equal(1548557, 1548556) and not numbers_equal(3.0000003, 3)
+    assert not numbers_equal(0.1 + 0.2, 0.3) and not numbers_equal(0.0, 1e-12)
     assert not numbers_equal(18.0, 18.01)
-    assert numbers_equal(0.0, 1e-12)
+
+
+@pytest.mark.parametrize("answer, truth, expected", [
+    ("1548557", "1548556", 0.0),
+    ("1,548,556", "1548556", 1.0),
+    ("3.0000003", "3", 0.0),
+    ("9007199254740993", "9007199254740992", 0.0),  # the same float, not the same integer
+    ("\\frac{1}{3}", "0.333333", 0.0),
+    ("0.50", "\\frac{1}{2}", 1.0),
+])
+def test_numeric_reward_is_exact(answer, truth, expected) -> None:
+    assert numeric_reward(f"\\boxed{{{answer}}}", truth) == expected
+
+
+def test_parse_exact_and_canonical_integers() -> None:
+    assert parse_exact("1,234.5") == Fraction(2469, 2) and parse_exact("\\frac{1}{3}") == Fraction(1, 3)
+    assert parse_exact("9007199254740993") == 9007199254740993 and parse_exact("1e-999") is None
+    assert canonical_answer("9007199254740993", numeric=True) == "9007199254740993"  # not "9.00719925474e+15"
+    assert canonical_answer("-0", numeric=True) == "0" and canonical_answer("0.5", numeric=True) == "0.5"
 
 
 @pytest.mark.parametrize("completion, truth, fallback, expected", [

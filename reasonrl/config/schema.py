@@ -218,6 +218,12 @@ class RewardConfig:
     # countdown scoring (COUNTDOWN_SCORING): subset = each number at most once, format_score for a
     # well-formed wrong equation; tinyzero = each number exactly once, format_score for any answer
     countdown_rule: str = param("subset", choices=COUNTDOWN_SCORING)
+    # countdown_rule=tinyzero: the prompt's end TinyZero reads with the response (rewards/tinyzero.py):
+    # qwen-instruct = "<|im_start|>assistant" (ChatML chat templates); base = TinyZero's "Assistant:" frame
+    tinyzero_template: Literal["qwen-instruct", "base"] = "qwen-instruct"
+    # verl_gsm8k (data_source openai/gsm8k): verl's extract_solution method; strict = the last "#### N"
+    # of the last 300 characters (verl's default), flexible = the last number there
+    verl_gsm8k_method: Literal["strict", "flexible"] = "strict"
     # piecewise scoring (PIECEWISE_SCORING): partial_credit = reasonrl's checked equations;
     # transparent_grpo = Transparent GRPO's regex credits (the canonical problem only)
     piecewise_rule: str = param("partial_credit", choices=PIECEWISE_SCORING)

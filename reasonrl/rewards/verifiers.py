@@ -68,9 +68,13 @@ class Verifier:
 
 
 def task_for_source(data_source: str) -> str:
-    """The task for `reward.task=auto`: the data_source's last path part, if it starts with a
-    task name ("gsm8k", "openai/gsm8k", "math500", "lighteval/MATH", "countdown_3to4"), else
-    "numeric" (arithmetic and unknown sources: the original number check)."""
+    """The task for `reward.task=auto`: "verl_gsm8k" for exactly "openai/gsm8k" (verl's
+    `default_compute_score` sends that data_source, and only it, to its GSM8K score); else the
+    data_source's last path part, if it starts with a task name ("gsm8k", "math500",
+    "lighteval/MATH", "countdown_3to4"), else "numeric" (arithmetic and unknown sources: the
+    original number check)."""
+    if data_source == "openai/gsm8k":
+        return "verl_gsm8k"
     name = data_source.lower().rsplit("/", 1)[-1]
     for task in ("gsm8k", "math", "countdown", "piecewise"):
         if name.startswith(task):
