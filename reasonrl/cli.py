@@ -48,6 +48,8 @@ def _train(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         overrides.insert(0, config)  # `reasonrl train trainer.steps=3`: no file given
         config = None
+    if args.overwrite and (args.resume or any(o.startswith("trainer.resume=") for o in overrides)):
+        raise ConfigError("--overwrite starts the run over and --resume continues it: give one of them")
     if args.resume:
         from pathlib import Path
 
@@ -71,7 +73,7 @@ def _train(args: argparse.Namespace) -> int:
     from reasonrl.trainer import train
 
     try:
-        train(cfg)
+        train(cfg, overwrite=args.overwrite)
     except TrainingInterrupted as stop:
         print(f"reasonrl: {stop}", file=sys.stderr, flush=True)
         return stop.exit_code
@@ -215,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "complete checkpoint, with the run's config.yaml unless CONFIG is given")
     p.add_argument("--allow-config-change", metavar="KEYS",
                    help="comma-separated dotted keys a resume may change, e.g. trainer.steps")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a run folder that already holds a run (trainer.run_name): its "
+                        "logs, checkpoints and report are deleted first")
     p.set_defaults(func=_train)
 
     d = sub.add_parser("data", help="prepare task data files")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from reasonrl.config import Config, EvalConfig, load_config
 from reasonrl.errors import ConfigError, DataError
 from reasonrl.registry import DATA_TASKS, VERIFIERS
+from reasonrl.tracking import counted
 
 if TYPE_CHECKING:  # the evaluation and the data readers load when a command runs, not for --help
     from reasonrl.batch import Example
@@ -44,17 +45,18 @@ def add_commands(sub) -> None:
     p = sub.add_parser(
         "probe", help="will GRPO learn here? accuracy, reward variance, entropy and a verdict",
         description="Sample rollout.n completions per prompt (training's sampling) and report "
-                    "accuracy, mean per-prompt reward variance, the share of prompts whose samples "
-                    "are all right or all wrong, and entropy, with a verdict: accuracy 10-80%, "
-                    "variance > 0.05, entropy 0.2-0.8 nats; too hard -> SFT first or easier data, "
-                    "too easy -> harder data.")
+                    "accuracy, mean per-prompt reward variance, the share of prompts whose rewards "
+                    "are all equal (all right, all wrong), and entropy, with a verdict: accuracy "
+                    "10-80%, variance > 0.05; too hard -> SFT first or easier data, too easy -> harder "
+                    "data, low variance -> keep the prompts the model sometimes solves. Entropy outside "
+                    "0.2-0.8 nats is a note, not a verdict.")
     _add_options(p, probe=True)
     p.add_argument("--accuracy-range", default="0.1,0.8", metavar="LOW,HIGH",
                    help="accuracy GRPO learns from (default 0.1,0.8)")
     p.add_argument("--min-variance", type=float, default=0.05,
                    help="mean per-prompt reward variance must exceed this (default 0.05)")
     p.add_argument("--entropy-range", default="0.2,0.8", metavar="LOW,HIGH",
-                   help="mean token entropy in nats (default 0.2,0.8)")
+                   help="mean token entropy in nats outside which the probe adds a note (default 0.2,0.8)")
     p.set_defaults(func=probe_command)
 
 
@@ -208,7 +210,8 @@ def _eval_config(cfg: Config, s: EvalSettings) -> Config:
                                     top_k=s.top_k, max_new_tokens=s.max_new_tokens))
 
 
-def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[list[PromptResult], dict]:
+def run(cfg: Config, settings: EvalSettings, data: str | None = None,
+        desc: str = "eval") -> tuple[list[PromptResult], dict]:
     """`reasonrl eval` / `probe`: build the workers as training does (`build_workers`, so
     whatever `rollout.engine` the config names generates here too), check that the engine
     serves the policy's weights, and `evaluate`.
@@ -239,7 +242,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
         seed_everything(cfg.trainer.seed)
         load_s = time.perf_counter() - t
         check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
-        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward)
+        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc)
     finally:
         workers.close()
     times = {"load_s": load_s, **evaluation.times, "wall_s": time.perf_counter() - t_start}
@@ -282,7 +285,7 @@ def eval_command(args: argparse.Namespace) -> int:
     report = eval_report(results, record, settings.ks)
     t = report["times"]
     print(f"[reasonrl] eval of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
+          f"{counted(len(results), 'prompt')} x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
           f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
           f"reward {t['reward_s']:.1f})", flush=True)
     print(format_table(report), flush=True)
@@ -312,12 +315,12 @@ def probe_command(args: argparse.Namespace) -> int:
     thresholds = ProbeThresholds(min_accuracy=min_acc, max_accuracy=max_acc, min_variance=args.min_variance,
                                  min_entropy=min_ent, max_entropy=max_ent)
     cfg, settings = settings_from_options(args, probe=True)
-    results, record = run(cfg, settings, args.data)
+    results, record = run(cfg, settings, args.data, desc="probe")
     report = probe_report(results, record, thresholds)
     t = report["times"]
     print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} samples at T={settings.temperature:g}, "
-          f"wall {t['wall_s']:.1f} s", flush=True)
+          f"{counted(len(results), 'prompt')} x {counted(settings.n, 'sample')} at "
+          f"T={settings.temperature:g}, wall {t['wall_s']:.1f} s", flush=True)
     print(format_verdict(report), flush=True)
     if args.output:
         _write_json(args.output, report)

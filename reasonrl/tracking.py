@@ -1,6 +1,9 @@
 """Run outputs: metrics.jsonl and samples.jsonl (always), the console progress bar, and
 TensorBoard / Weights & Biases when `tracking.backends` names them.
 
+`progress_bar` is the one console bar (training's steps, the evaluations' samples), and
+`ticking` keeps its elapsed time moving while one long call (a batch's generation) runs.
+
 Every backend receives the same metric names, namespaced by stage (`rollout/`, `reward/`,
 `advantage/`, `train/`, `eval/`, `time/`), so a curve is called the same in metrics.jsonl,
 TensorBoard, WandB and `report.html`. TensorBoard and WandB are optional extras: they are
@@ -14,8 +17,10 @@ import json
 import math
 import os
 import sys
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +200,45 @@ class WandbBackend:
         self.run.finish()
 
 
+def progress_bar(total: int, desc: str, unit: str, enabled: bool = True, initial: int = 0,
+                 leave: bool = True):
+    """The console's progress bar (tqdm on stderr, as wide as the terminal): training's steps
+    and the evaluations' samples look alike. `enabled` False: a bar that prints nothing."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
+                disable=not enabled, leave=leave)
+
+
+@contextmanager
+def ticking(bar, interval: float = 1.0) -> Iterator[None]:
+    """Within the block, redraw `bar` every `interval` seconds from a daemon thread, so that its
+    elapsed time moves while one long call runs (tqdm redraws only on an update, and the first
+    update of an evaluation may come minutes later, after its first batch). Nothing for a
+    disabled bar."""
+    if getattr(bar, "disable", True):
+        yield
+        return
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def counted(n: float, noun: str) -> str:
+    """`1 step`, `2 steps`: a count with its noun in the right number (nouns that take an -s)."""
+    return f"{n:g} {noun}" if n == 1 else f"{n:g} {noun}s"
+
+
 class Tracker:
     """Fans each step's metrics and sample completions out to the selected backends and
     keeps a tqdm bar current. metrics.jsonl / samples.jsonl are always written (the report
@@ -223,10 +267,7 @@ class Tracker:
             raise
         self.bar = None
         if progress and "console" in tracking.backends:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+            self.bar = progress_bar(total_steps, "train", "step", initial=start_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for backend in self.backends:

@@ -12,6 +12,7 @@ then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). With
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -29,7 +30,13 @@ from reasonrl.config import Config, to_dict
 from reasonrl.data import PromptSampler, load_examples
 from reasonrl.errors import TrainingAborted, WeightSyncError
 from reasonrl.evaluate import eval_metrics, eval_settings, evaluate, record_plan
-from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
+from reasonrl.metrics import (
+    ZeroRewardWatch,
+    batch_metrics,
+    gpu_memory_metrics,
+    reset_gpu_peak,
+    zero_reward_warning,
+)
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.producer import Producer, RayParts, split_threads, version_for
@@ -38,8 +45,8 @@ from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
-from reasonrl.run import RunDir, StopSignals
-from reasonrl.tracking import Tracker
+from reasonrl.run import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
+from reasonrl.tracking import Tracker, counted
 from reasonrl.weights import probe_ids
 
 
@@ -93,7 +100,10 @@ def with_epochs(cfg: Config, num_prompts: int) -> Config:
 
 
 class Trainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, overwrite: bool = False):
+        """Everything a run needs before its first step. `overwrite`: a new run replaces the run
+        its folder holds (`--overwrite`) instead of being refused. A resume of a finished run
+        (its checkpoint at trainer.steps) loads no model: `fit` says so and trains nothing."""
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
         # asynchronous ray mode: a thread of this process drives the rollout replicas
@@ -109,11 +119,21 @@ class Trainer:
             print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
                   f"prompts, {t.batch_size // r.n} per step)", flush=True)
         check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
-        self.eval_settings = eval_settings(cfg, entropy=False, progress=False)
+        progress = t.progress and "console" in cfg.tracking.backends  # the held-out eval's bar
+        self.eval_settings = eval_settings(cfg, entropy=False, progress=progress)
         record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
+        self.overwrite, self.workers, self.producer = overwrite, None, None
         self.run = RunDir.locate(cfg)  # a resumed run's lock (a new run's: in `fit`) until `fit` ends
         try:
-            self.build(cfg)
+            RunDir.check_new(cfg, overwrite)  # a run already in the folder: refused before the model loads
+            done = checkpoint_step(self.run.checkpoint) if self.run.checkpoint is not None else None
+            self.finished = done if done is not None and done >= t.steps else None  # resumed at its end
+            if self.finished is not None:  # a changed config is refused as for any resume
+                saved = (checkpoint_state(self.run.checkpoint) or {}).get("config")
+                if isinstance(saved, dict):
+                    check_config_changes(self.run.checkpoint, saved, to_dict(cfg), t.allow_config_change)
+            else:
+                self.build(cfg)
         except BaseException:
             self.run.release()
             raise
@@ -136,6 +156,7 @@ class Trainer:
         self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
         self.bad_reason = ""  # what made the last bad step bad
         self.reward_failures = FailureLog()
+        self.zero_rewards = ZeroRewardWatch()  # steps in a row with every reward 0: said once
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
         self.producer: Producer | None = None  # trainer.max_staleness > 0: started by the first step
         self.in_flight: dict | None = None  # the batches in flight the checkpoint resumed from kept
@@ -236,7 +257,8 @@ class Trainer:
         cfg = self.cfg
         probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
         probe = probe_ids(self.workers.tokenizer) if probes else None
-        return RayParts(self.rollout, self.workers.sync.transport, probe, self.held_out, self.eval_settings)
+        settings = dataclasses.replace(self.eval_settings, progress=False)  # in a thread, beside the bar
+        return RayParts(self.rollout, self.workers.sync.transport, probe, self.held_out, settings)
 
     def sync_weights(self) -> None:
         """Push the policy's weights to the rollout engine and check, by checksum (and for
@@ -271,7 +293,8 @@ class Trainer:
             seconds = found.pop("time/eval")
             return {**{f"eval/{k}": v for k, v in found.items()}, "time/eval": seconds}
         t = time.perf_counter()
-        found = evaluate(self.rollout, self.policy, self.held_out, self.eval_settings, self.cfg.reward)
+        found = evaluate(self.rollout, self.policy, self.held_out, self.eval_settings, self.cfg.reward,
+                         desc="held-out eval", leave=False)
         metrics = {f"eval/{k}": v for k, v in eval_metrics(found.results, self.eval_settings.ks).items()}
         return {**metrics, "time/eval": time.perf_counter() - t}
 
@@ -281,7 +304,7 @@ class Trainer:
         """(run folder, held-out metrics before training): a resumed run reuses the eval it
         saved, a new run evaluates now."""
         resumed = self.resumed
-        run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"])
+        run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"], self.overwrite)
         if resumed is not None:
             print(f"[reasonrl] resuming {run_dir} from {resumed['path']} "
                   f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
@@ -362,8 +385,10 @@ class Trainer:
 
     def fit(self) -> RunResult:
         """Train to trainer.steps (`train_steps`); the run directory's lock is given back at the
-        end, however the run ends."""
+        end, however the run ends. A finished run (resumed at trainer.steps) trains nothing."""
         try:
+            if self.finished is not None:
+                return self.already_finished()
             return self.train_steps()
         finally:
             self.close_producer()
@@ -374,6 +399,27 @@ class Trainer:
         if self.producer is not None:
             self.producer.close()
             self.producer = None
+
+    def already_finished(self) -> RunResult:
+        """A resume of a run whose checkpoint is at (or past) trainer.steps: nothing to train.
+        It says so, with the held-out numbers its summary.json holds and the command that trains
+        it further, and writes nothing (summary.json, logs and report stay the run's own)."""
+        run_dir, step = self.run.path, self.finished
+        summary: dict = {}
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            pass
+        before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+        held_out = ""
+        if "eval/accuracy" in before and "eval/accuracy" in after:
+            held_out = (f"; held-out accuracy {before['eval/accuracy']:.3f} before -> "
+                        f"{after['eval/accuracy']:.3f} after {counted(summary.get('steps', step), 'step')} "
+                        "(its summary.json)")
+        print(f"[reasonrl] {run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
+              f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{held_out}. "
+              f"To train it further: {extend_command(run_dir, step)}", flush=True)
+        return RunResult(run_dir, before, after, {})
 
     def train_steps(self) -> RunResult:
         cfg = self.cfg
@@ -403,6 +449,10 @@ class Trainer:
         metrics, batch, advantages = self.step()
         self.report_reward_failures(batch.scores.failures)
         self.count_bad_step(metrics, batch.scores.failures)
+        if self.zero_rewards.update(self.step_count, metrics):  # once per run
+            cfg, first = self.cfg, self.zero_rewards.first
+            tracker.write(zero_reward_warning(first, self.step_count, metrics, cfg.rollout.max_new_tokens,
+                                              cfg.reward.task, str(self.run.path)))
         if self.eval_due(self.step_count):
             eval_after = self.evaluate()
             metrics.update(eval_after)
@@ -418,7 +468,7 @@ class Trainer:
                                 "eval_after": eval_after})
         if eval_before:
             print(f"[reasonrl] held-out accuracy: {eval_before['eval/accuracy']:.3f} before -> "
-                  f"{eval_after['eval/accuracy']:.3f} after {self.step_count} steps", flush=True)
+                  f"{eval_after['eval/accuracy']:.3f} after {counted(self.step_count, 'step')}", flush=True)
         print(f"[reasonrl] wrote {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, "
               f"checkpoints/step_{self.step_count}/huggingface)", flush=True)
         if self.cfg.tracking.report:
@@ -430,9 +480,11 @@ class Trainer:
         return RunResult(run_dir, eval_before, eval_after, metrics)
 
 
-def train(cfg: Config) -> RunResult:
-    trainer = Trainer(cfg)
+def train(cfg: Config, overwrite: bool = False) -> RunResult:
+    """Train with `cfg` (`overwrite`: replace the run already in the run's folder)."""
+    trainer = Trainer(cfg, overwrite)
     try:
         return trainer.fit()
     finally:
-        trainer.workers.close()  # engines freed, ray actors stopped
+        if trainer.workers is not None:  # none for a finished run
+            trainer.workers.close()  # engines freed, ray actors stopped

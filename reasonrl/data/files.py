@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from reasonrl.batch import Example
-from reasonrl.data import formats  # noqa: F401  (fills DATA_FORMATS)
+from reasonrl.data.formats import format_hint, format_mismatch  # (and fills DATA_FORMATS)
 from reasonrl.data.readers import is_hub_id, iter_records
 from reasonrl.errors import DataError
 from reasonrl.registry import DATA_FORMATS
@@ -69,6 +69,8 @@ def load_file(path: str | Path, data_source: str | None = None, fields: dict[str
     examples = []
     for index, (where, record) in enumerate(iter_records(str(path), subset, split)):
         if convert is not None:
+            if (problem := format_mismatch(record, where, fmt)) is not None:
+                raise DataError(problem)
             record = convert(record, where, index)
         examples.append(_record_to_example(record, where, source, fields or {}, max_prompt_tokens))
     if not examples:
@@ -120,7 +122,9 @@ def _record_to_example(record: object, where: str, source: str, fields: dict[str
             raise DataError(f"{where}: field '{prompt_key}' must be a non-empty string "
                             "(or a list of messages)")
     else:
-        raise DataError(f"{where}: missing field '{prompt_key}' (or '{messages_key}')")
+        has = ", ".join(sorted(record)) or "no fields"
+        hint = "" if fields else f"; the record has {has}; {format_hint(record)}"  # renamed: no guess
+        raise DataError(f"{where}: missing field '{prompt_key}' (or '{messages_key}'){hint}")
     if max_prompt_tokens and (size := _text_bytes(prompt)) > (limit := prompt_byte_limit(max_prompt_tokens)):
         key = prompt_key if has_prompt else messages_key
         raise DataError(f"{where}: field '{key}' is {size:,} bytes, more than data.max_prompt_tokens="

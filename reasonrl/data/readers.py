@@ -196,19 +196,29 @@ def hub_records(repo_id: str, subset: str = "", split: str = "train") -> Iterato
     """The records of a Hub dataset's `subset` and `split` (slicing such as `test[:5%]` allowed)
     through `datasets.load_dataset`; a missing dataset, subset or split is a DataError naming it
     (and, where `datasets` says, what exists)."""
+    from reasonrl.cache import hub_unreachable
+
     datasets = _datasets()
     origin = f"{repo_id}[{subset + '/' if subset else ''}{split}]"
     local = f"no local file or folder {Path(repo_id).resolve()} either"
+    offline = datasets.config.HF_HUB_OFFLINE
+    unreachable = None if offline else hub_unreachable()  # then the cache alone, as HF_HUB_OFFLINE=1
     try:
+        datasets.config.HF_HUB_OFFLINE = offline or unreachable is not None
         dataset = datasets.load_dataset(repo_id, subset or None, split=split)
     except ConnectionError as err:  # offline and not in the cache
-        raise DataError(f"{origin}: not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and the "
-                        f"Hub cannot be reached ({err}); load it once online with the same HF_HOME, or "
-                        f"give a local file ({local})") from None
+        hub = "not asked, HF_HUB_OFFLINE is set" if offline else unreachable or f"no answer ({err})"
+        way = "" if offline else "; without network, set HF_HUB_OFFLINE=1 to go to the cache at once"
+        raise DataError(f"{origin}: not found; tried (1) a local file or folder {Path(repo_id).resolve()}: "
+                        f"none there; (2) the datasets cache {datasets.config.HF_DATASETS_CACHE}: not in it; "
+                        f"(3) the Hub: {hub}. Load it once online with the same HF_HOME, or give a local "
+                        f"file (a path that exists is read as a file, never as a Hub id){way}") from None
     except datasets.exceptions.DatasetNotFoundError as err:
         raise DataError(f"{origin}: no such dataset on the Hugging Face Hub ({err}), and {local}") from None
     except ValueError as err:  # an unknown split or subset: datasets lists the ones that exist
         raise DataError(f"{origin}: {err}") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
     if isinstance(dataset, dict):  # a DatasetDict: the split name was not one split
         raise DataError(f"{origin}: give one split (data.*_split), e.g. {', '.join(dataset)}")
     yield from _rows(dataset, origin)
