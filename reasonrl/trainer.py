@@ -318,7 +318,7 @@ class Trainer:
             s = self.eval_settings
             how = "greedy" if s.greedy else f"sampled at T={s.temperature:g}"
             print(f"[reasonrl] held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
-                  f"({int(eval_before['eval/num_prompts'])} problems, {how})", flush=True)
+                  f"({counted(int(eval_before['eval/num_prompts']), 'problem')}, {how})", flush=True)
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
