@@ -330,6 +330,23 @@ def test_reasonrl_rule_is_a_named_option(completion, ground_truth, tinyzero, sub
     assert recipe_score(completion, ground_truth, "reward.countdown_rule=subset") == subset
 
 
+# Hostile answers: TinyZero's score for each (computed by running it), reached here without
+# anything of the answer being executed, at once.
+@pytest.mark.parametrize("completion, expected", [
+    ("<answer>__import__('os').system('echo 3 5 7 9')</answer>", 0.1),  # evaluate_equation l.49
+    ("<answer>(9+3)*(7-5)+().__class__.__bases__[0]</answer>", 0.1),  # evaluate_equation l.49
+    ("<answer>lambda: (9+3)*(7-5)</answer>", 0.1),  # evaluate_equation l.49
+    ("<answer>" + "(" * 5000 + "(9+3)*(7-5)" + ")" * 5000 + "</answer>", 0.1),  # l.53: nesting
+    ("<answer>(9+3)*(7-5)" + "+0" * 20000 + "</answer>", 0.1),  # validate_equation l.39
+    ("<answer>" * 20000 + "(9+3)*(7-5)", 0.0),  # extract_solution l.21-24: never closed
+])
+def test_hostile_answers_score_as_tinyzero_at_once(completion, expected):
+    recipe_score("", T24)  # the config loaded and the verifier imported before the clock starts
+    start = time.perf_counter()
+    assert recipe_score(completion, T24) == expected
+    assert time.perf_counter() - start < 1.0
+
+
 # ------------------------------------------------------- the parts, with hand-computed values
 
 
