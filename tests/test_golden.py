@@ -80,13 +80,15 @@ def run(name: str, out: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_golden_run_is_unchanged(name, tmp_path):
+def test_golden_run_is_unchanged(name, tmp_path, request):
     import importlib.util
 
     import torch
 
     if NEEDS.get(name) and importlib.util.find_spec(NEEDS[name]) is None:
         pytest.skip(f"needs {NEEDS[name]} (pip install 'reasonrl[dev]')")
+    if NEEDS.get(name) == "ray":  # the session's one Ray instance (conftest), not one of its own
+        request.getfixturevalue("ray_session")
     path = GOLDEN / f"{name}.json"
     records = json.loads(path.read_text())["records"] if path.exists() else []
     golden = next((r for r in records if r["machine"] == machine()), None)
