@@ -408,12 +408,12 @@ def test_debug_adds_the_traceback_before_the_same_line(tmp_path, capsys, monkeyp
 
 
 def test_an_unexpected_error_is_one_line_with_exit_code_1(tmp_path, capsys, monkeypatch):
-    import reasonrl.cli as cli
+    import reasonrl.commands.report as report_command
 
     def broken(args):
         raise RuntimeError("the first line\nand a second")
 
-    monkeypatch.setattr(cli, "_report", broken)
+    monkeypatch.setattr(report_command, "report_command", broken)
     assert main(["report", str(tmp_path)]) == 1
     assert last_line(capsys) == ("reasonrl: error: RuntimeError: the first line | and a second (unexpected: "
                                  "rerun with --debug, or REASONRL_DEBUG=1, for the traceback)")

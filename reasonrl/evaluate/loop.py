@@ -5,7 +5,7 @@ Settings: the config's `eval` section is the one form a user writes (`reasonrl e
 options fill the same section); `eval_settings` resolves it into the `EvalSettings` the loop
 reads, and `EvalSettings.sampling` is what the rollout worker is asked for. The loop needs
 only the worker protocols (`RolloutWorkerAPI.rollout`, `PolicyWorkerAPI.row_entropies`):
-building the workers is the command's job (`reasonrl.eval_command`).
+building the workers is the command's job (`reasonrl.commands.evaluation`).
 """
 
 from __future__ import annotations
