@@ -41,6 +41,7 @@ import io
 import math
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -272,6 +273,25 @@ def serve(conn, side, cfg: Config, sampling: SamplingParams) -> None:
         conn.close()
 
 
+# Ctrl-C in a terminal signals the whole process group, and systemd, Slurm or `kill -- -PGID`
+# send SIGTERM to every process of a job: the trainer finishes its step, waits for the batches in
+# flight, saves them and stops the rollout process itself (`Producer.close`), which must not die
+# of the signal meanwhile (the reward workers ignore SIGINT for the same reason).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def serve_process(conn, side, cfg: Config, sampling: SamplingParams) -> None:
+    """Local mode's rollout process: `serve`, deaf to `STOP_SIGNALS`. It starts with them blocked
+    (the trainer blocks them while it starts the process, which inherits its signal mask through
+    fork and exec), so none lands while it imports; here they are ignored, then unblocked (the
+    ones that came meanwhile are dropped), and its own children (reward workers) inherit the
+    ignoring. The trainer's `close`, or the end of the pipe, stops it."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    serve(conn, side, cfg, sampling)
+
+
 class _Closed:
     """The end-of-channel marker of `QueueEnd`."""
 
@@ -347,9 +367,13 @@ class Producer:
             ctx = mp.get_context("spawn")
             self.conn, child = ctx.Pipe()
             side = functools.partial(LocalSide, cfg, examples, threads)
-            self.worker = ctx.Process(target=serve, args=(child, side, cfg, sampling),
+            self.worker = ctx.Process(target=serve_process, args=(child, side, cfg, sampling),
                                       name="reasonrl-rollout", daemon=False)
-            self.worker.start()
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # held for this process
+            try:
+                self.worker.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held meanwhile lands now
             child.close()
             self.what = "the rollout process"
         else:
@@ -503,7 +527,9 @@ class Producer:
                          "state": kept[wanted[-1]].state})
 
     def close(self) -> None:
-        """Stop the other side (asked first; a process is then killed); safe to call twice."""
+        """Stop the other side (asked first; a process is then killed); safe to call twice. A
+        Ctrl-C while it waits (the second of a stop: "stop at once") ends the wait, and the
+        process is killed now rather than after 10 s; the stop under way goes on as it was."""
         if self.worker is None:
             return
         try:
@@ -514,7 +540,10 @@ class Producer:
         if self.ray is not None:  # commands not started yet are dropped: the thread stops next
             self.conn.drop_unread()
             self.conn.send(("stop",))
-        worker.join(10)
+        try:
+            worker.join(10)
+        except KeyboardInterrupt:
+            pass
         if self.ray is None and worker.is_alive():
             worker.kill()
             worker.join(5)

@@ -155,6 +155,7 @@ class Trainer:
         self.step_count = 0
         self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
         self.bad_reason = ""  # what made the last bad step bad
+        self.bad_lr: str | None = None  # the learning rate to lower after it (optim.lr, critic.lr)
         self.reward_failures = FailureLog()
         self.zero_rewards = ZeroRewardWatch()  # steps in a row with every reward 0: said once
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
@@ -167,9 +168,11 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         """Continue exactly where `path` stopped: weights, optimizer, scheduler, sampler,
         RNGs and step. Refuses a config that changed in keys not listed in
-        `trainer.allow_config_change`."""
+        `trainer.allow_config_change` or that a resume cannot change; the changed ones it accepts
+        are this run's from its first step (the optimizer's settings: `Learner.apply_settings`)."""
         state, tensors, weights = read_checkpoint(path)
-        check_config_changes(path, state["config"], to_dict(self.cfg), self.cfg.trainer.allow_config_change)
+        changes = check_config_changes(path, state["config"], to_dict(self.cfg),
+                                       self.cfg.trainer.allow_config_change)
         self.policy.load_weights(weights)
         self.policy.load_state_dict(tensors["policy"])
         if self.critic is not None:
@@ -177,6 +180,9 @@ class Trainer:
             self.critic.load_state_dict(tensors["critic"])
         self.sampler.load_state_dict(state["sampler"])
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        if changes:
+            print(f"[reasonrl] resuming with changed settings, in force from step {self.step_count + 1}: "
+                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()), flush=True)
         self.in_flight = tensors.get("in_flight")
         self.sync_weights()
         set_rng_state(tensors["rng"])
@@ -213,6 +219,7 @@ class Trainer:
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
                                rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))
+        self.stop_if_weights_broke(metrics)  # before the sync: non-finite weights go nowhere
         self.step_count += 1  # the policy is now at version step_count
         timed(times, "sync", self.sync_weights)
         times["step"] = time.perf_counter() - t0
@@ -342,27 +349,71 @@ class Trainer:
                   flush=True)
 
     def count_bad_step(self, metrics: dict[str, float], failures: list[str | None] | None) -> None:
-        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped),
-        or every reward call failed (`failures`: the rows' reward failures)."""
-        nonfinite = (metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
-                     or metrics.get("critic/updates", 0) > 0 and metrics.get("critic/skipped_update", 0) > 0)
+        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped,
+        named with its likely causes), or every reward call failed (`failures`: the rows' reward
+        failures)."""
+        skipped = [(role, prefix) for role, prefix in (("policy", "train"), ("critic", "critic"))
+                   if metrics.get(f"{prefix}/updates", 0) > 0
+                   and metrics.get(f"{prefix}/skipped_update", 0) > 0]
         no_reward = bool(failures) and all(f is not None for f in failures)
-        bad = nonfinite or no_reward
+        bad = bool(skipped) or no_reward
         self.bad_steps = self.bad_steps + 1 if bad else 0
         metrics["train/bad_steps"] = float(self.bad_steps)
+        self.bad_lr = None
+        if skipped:
+            role, prefix = skipped[0]
+            self.bad_lr = "optim.lr" if role == "policy" else "critic.lr"
+            norm, reward = metrics.get(f"{prefix}/grad_norm", math.nan), metrics.get("reward/mean", math.nan)
+            self.bad_reason = (f"non-finite loss or gradient in the {role} update ({prefix}/grad_norm="
+                               f"{norm:g}), update skipped: likely {self.bad_lr}="
+                               f"{self.learning_rate(self.bad_lr):g} too high (the weights diverged) or "
+                               f"rewards too large (reward/mean={reward:g})")
+        elif no_reward:
+            self.bad_reason = f"every reward call failed, e.g. {failures[0]}"
         if bad:
-            self.bad_reason = ("non-finite loss or gradient, update skipped" if nonfinite else
-                               f"every reward call failed, e.g. {failures[0]}")
             print(f"[reasonrl] step {self.step_count}: {self.bad_reason} ({self.bad_steps} in a row; abort "
                   f"at {self.cfg.trainer.max_bad_steps})", file=sys.stderr, flush=True)
 
+    def learning_rate(self, key: str) -> float:
+        """The configured value of `key`, optim.lr or critic.lr."""
+        return self.cfg.optim.lr if key == "optim.lr" else self.cfg.critic.lr
+
+    def way_on(self, lower: str | None) -> str:
+        """How a run stopped by bad steps goes on: the command that resumes from the last good
+        checkpoint (with the learning rate `lower`, optim.lr or critic.lr, lowered tenfold, and
+        to at most the default 1e-5), and that checkpoint; without one, that the run starts again."""
+        good = self.run.last_good()
+        if good is None:
+            again = f"lower {lower} and start the run again" if lower else "start the run again"
+            return f"no good checkpoint was written yet: {again}; the last good checkpoint is none"
+        change = "" if lower is None else (f" --allow-config-change {lower} "
+                                           f"{lower}={min(self.learning_rate(lower) / 10, 1e-5):g}")
+        return f"resume with: reasonrl train --resume {good}{change}; the last good checkpoint is {good}"
+
+    def stop_if_weights_broke(self, metrics: dict[str, float]) -> None:
+        """The step's policy or critic update left a weight NaN or inf (`nonfinite_weights`: the
+        learner checks after each optimizer step) although its loss and gradient were finite:
+        the run stops now (`TrainingAborted`, exit code 1), before the sync would push those
+        weights or a checkpoint could hold them; every later step would compute on them."""
+        for role, prefix, key in (("critic", "critic", "critic.lr"), ("policy", "train", "optim.lr")):
+            if metrics.get(f"{prefix}/nonfinite_weights"):
+                raise TrainingAborted(
+                    f"step {self.step_count + 1}: the {role} update made weights non-finite (NaN or inf) "
+                    f"from a finite loss and gradient ({prefix}/grad_norm="
+                    f"{metrics.get(f'{prefix}/grad_norm', math.nan):g}): {key}="
+                    f"{self.learning_rate(key):g} is far too high (AdamW moves each weight by up to about "
+                    f"the learning rate per step); nothing of this step was synced or saved; "
+                    f"{self.way_on(key)}")
+
     def abort_if_stuck(self) -> None:
-        """`trainer.max_bad_steps` bad steps in a row (logged first) end the run."""
+        """`trainer.max_bad_steps` bad steps in a row (logged first) end the run, naming the last
+        good checkpoint and the command that resumes from it."""
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
+            fix = (f"Lower {self.bad_lr} or scale the rewards down" if self.bad_lr else
+                   "Fix the reward function")
             raise TrainingAborted(
                 f"{self.bad_steps} bad steps in a row (to step {self.step_count}), the last: "
-                f"{self.bad_reason}; stopping. Lower optim.lr or check the rewards; the last good "
-                f"checkpoint is {self.run.last_good() or 'none'}")
+                f"{self.bad_reason}; stopping. {fix}; {self.way_on(self.bad_lr)}")
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety

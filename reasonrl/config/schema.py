@@ -278,7 +278,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = param(1e-5, ge=0)
+    lr: float = param(1e-5, ge=0, le=1)  # AdamW moves each weight by up to ~lr a step: > 1 only diverges
     weight_decay: float = param(0.0, ge=0)
     betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
     eps: float = param(1e-8, ge=0)
@@ -310,7 +310,7 @@ class CriticConfig:
     a scalar head (zero-initialised), trained by the clipped value loss (docs/algorithms.md)."""
 
     path: str = ""  # "" = start from the policy's model (model.path); or another HF model folder
-    lr: float = param(1e-5, gt=0)
+    lr: float = param(1e-5, gt=0, le=1)
     weight_decay: float = param(0.0, ge=0)
     max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
     value_loss: str = param("clipped", choices=VALUE_LOSSES)  # the critic's loss (VALUE_LOSSES)
