@@ -61,7 +61,7 @@ def estimate_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
         if token_kl is not None:
             kl, mask = padded(token_kl, max(len(k) for k in token_kl))
             rewards = kl_penalised_rewards(rewards, kl, mask, algo.beta)
-        inputs = AdvantageInputs(rewards.float(), rollouts.group, algo.std_eps)
+        inputs = AdvantageInputs(rewards.float(), rollouts.group, algo.std_eps, std_ddof=algo.std_ddof)
         return estimate(algo.advantage, inputs)[0], None, metrics
     # GAE runs over each row's model tokens in order (an episode's environment tokens are not
     # actions: the state after a turn's last token is the next turn's first), then goes back to

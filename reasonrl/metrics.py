@@ -1,8 +1,10 @@
 """What a training step reports besides the update's own `train/` metrics: the batch's
 `reward/`, `advantage/`, `rollout/` (and, multi-turn, `env/`) statistics and the process's
-peak GPU memory."""
+peak GPU memory; and the watch on a run whose rewards are all 0 (`ZeroRewardWatch`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -95,3 +97,48 @@ def gpu_memory_metrics() -> dict[str, float]:
     count, gib = torch.cuda.device_count(), float(2 ** 30)
     return {"mem/gpu_peak_allocated_gib": sum(torch.cuda.max_memory_allocated(i) for i in range(count)) / gib,
             "mem/gpu_peak_reserved_gib": sum(torch.cuda.max_memory_reserved(i) for i in range(count)) / gib}
+
+
+ZERO_REWARD_STEPS = 3  # steps in a row whose every reward is 0 before the run says so
+
+
+@dataclass
+class ZeroRewardWatch:
+    """Counts the steps in a row whose every reward is 0 (reward/mean and reward/std both 0,
+    and no environment reward): no sample was right, so every group's advantages are 0 and the
+    update has nothing to follow (its gradient norm is 0 without a KL or entropy term). A run
+    in that state learns nothing, however long it runs. `update` is True once per run, at
+    the `after`-th such step in a row; the trainer then prints `zero_reward_warning`."""
+
+    after: int = ZERO_REWARD_STEPS
+    streak: int = 0
+    first: int | None = None  # the first step of the current streak
+    warned: bool = False
+
+    def update(self, step: int, metrics: dict[str, float]) -> bool:
+        zero = (metrics.get("reward/mean") == 0.0 and metrics.get("reward/std", 0.0) == 0.0
+                and metrics.get("env/reward_mean", 0.0) == 0.0)
+        self.streak = self.streak + 1 if zero else 0
+        self.first = (step if self.streak == 1 else self.first) if zero else None
+        if zero and self.streak >= self.after and not self.warned:
+            self.warned = True
+            return True
+        return False
+
+
+def zero_reward_warning(first: int, last: int, metrics: dict[str, float], max_new_tokens: int,
+                        task: str, run_dir: str) -> str:
+    """The one warning of `ZeroRewardWatch`: the steps, what it means, the likely causes (the
+    truncation first when most completions hit rollout.max_new_tokens) and `reasonrl probe`."""
+    grad = metrics.get("train/grad_norm")
+    symptom = "every reward was 0" + (f" and the gradient norm {grad:.3g}" if grad is not None else "")
+    truncated = metrics.get("rollout/truncated_frac", 0.0)
+    cut = (f"rollout.max_new_tokens={max_new_tokens} cuts the completions off before their answer "
+           f"({truncated:.0%} of step {last}'s hit it)")
+    causes = ["the task is too hard for this model (SFT first, or easier data)",
+              f"the completions do not give the answer in the form the reward reads (reward.task={task})"]
+    causes.insert(0 if truncated >= 0.5 else 2, cut)
+    return (f"[reasonrl] warning: steps {first}-{last}: {symptom}: no sample was right, so the policy "
+            f"has no reward to learn from (a group's advantages are all 0). Likely: {'; or '.join(causes)}. "
+            f"Check the task with `reasonrl probe --config {run_dir}/config.yaml` and read the completions "
+            f"in {run_dir}/samples.jsonl")

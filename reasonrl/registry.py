@@ -103,6 +103,7 @@ VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components")
 COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdown")
 PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")
+MATH_SCORING = Registry("reward.math_rule", "reasonrl.rewards.math_equiv", "reasonrl.rewards.math_rules")
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
 ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback")
 

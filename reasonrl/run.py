@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -30,7 +31,9 @@ from datetime import datetime
 from pathlib import Path
 
 from reasonrl.checkpoint import (
+    STATE_FILE,
     STEP_DIR,
+    check_logs,
     find_resume_point,
     is_good,
     list_checkpoints,
@@ -49,6 +52,81 @@ from reasonrl.errors import ConfigError, NonFiniteWeights, RunLocked, TrainingAb
 
 LOGS = ("metrics.jsonl", "samples.jsonl")
 LOCK_FILE = "run.lock"
+
+
+def checkpoint_state(checkpoint: Path) -> dict | None:
+    """A checkpoint's trainer_state.json (its step, its run's config, ...), read without its
+    weights; None when unreadable (the resume that reads it in full then says why)."""
+    try:
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint was written after, None when its trainer_state.json cannot say."""
+    step = (checkpoint_state(checkpoint) or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def planned_steps(run_dir: Path) -> int | None:
+    """trainer.steps of the run's resolved config.yaml, None when it cannot be read."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        steps = config["trainer"]["steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def extend_command(run_dir: Path, done: int) -> str:
+    """The command that trains a finished run further (its trainer.steps raised past `done`)."""
+    return (f"reasonrl train --resume {run_dir} trainer.steps=N --allow-config-change trainer.steps "
+            f"(N > {done})")
+
+
+def run_state(run_dir: Path) -> tuple[str, int | None, int | None]:
+    """(what a run folder holds, in words; its newest checkpoint's step; its trainer.steps):
+    "finished: step 2 of 2", "stopped at step 1 of 2", or "no checkpoint"."""
+    latest = list_checkpoints(run_dir)
+    done = checkpoint_step(latest[-1]) if latest else None
+    total = planned_steps(run_dir)
+    if done is None:
+        return "no checkpoint", None, total
+    if total is not None and done >= total:
+        return f"finished: step {done} of {total}", done, total
+    return f"stopped at step {done}" + (f" of {total}" if total is not None else ""), done, total
+
+
+def existing_run_message(run_dir: Path) -> str:
+    """One line for a new run whose folder already holds one: what is there (`run_state`) and
+    the ways on: resume (or extend) it, another trainer.run_name, or --overwrite. verl's
+    trainer resumes such a folder silently (`trainer.resume_mode: auto`, its default) and TRL
+    writes into it (transformers' `output_dir`: checkpoints of two runs mixed); here the user
+    chooses."""
+    state, done, total = run_state(run_dir)
+    if done is None:  # nothing to resume from
+        way_on = ""
+    elif total is not None and done >= total:
+        way_on = f"train it further with `{extend_command(run_dir, done)}`, "
+    else:
+        way_on = f"continue it with `reasonrl train --resume {run_dir}`, "
+    return (f"{run_dir} already holds a run ({state}): {way_on}start another beside it with "
+            f"trainer.run_name=NAME, or start this one over with --overwrite (deletes {run_dir})")
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete what a run folder holds (`--overwrite`), all but the lock this process holds."""
+    for child in Path(run_dir).iterdir():
+        if child.name == LOCK_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 @contextmanager
@@ -103,6 +181,23 @@ class RunLock:
                 raise
             raise problem from err
         return cls(path, fd)
+
+    @staticmethod
+    def held(run_dir: Path) -> bool:
+        """Whether a process holds the run's lock now (asked without taking it: the file is not
+        written)."""
+        try:
+            fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
 
     def __del__(self) -> None:  # a lock its owner forgot is given back when it is collected
         try:
@@ -170,11 +265,24 @@ class RunDir:
             self.lock.release()
             self.lock = None
 
-    def open(self, cfg: Config, offsets: dict[str, int] | None) -> Path:
+    @staticmethod
+    def check_new(cfg: Config, overwrite: bool = False) -> None:
+        """Before any model loads: a new run named by trainer.run_name whose folder already holds
+        a run is refused (`existing_run_message`) unless `overwrite`. `open` checks again under
+        the run's lock."""
+        t = cfg.trainer
+        path = Path(t.output_dir) / t.run_name
+        if not t.resume and t.run_name and (path / "metrics.jsonl").exists() and not overwrite \
+                and not RunLock.held(path):  # a run in use: `open`'s lock refuses it, naming the holder
+            raise FileExistsError(existing_run_message(path))
+
+    def open(self, cfg: Config, offsets: dict[str, int] | None, overwrite: bool = False) -> Path:
         """The run's folder, ready to log into: reopened at the checkpoint's log `offsets` when
         resuming (damaged newer checkpoints set aside), else new (an `auto` resume with no
-        checkpoint starts its run over)."""
+        checkpoint starts its run over). A new run's folder that holds a run is refused
+        (`existing_run_message`), or with `overwrite` emptied first."""
         if offsets is not None:
+            check_logs(self.path, offsets, self.checkpoint)  # a log that lost lines: before anything changes
             remove_partial(self.path)
             self.set_aside_newer()
             with _writing("the run's logs in", self.path):
@@ -194,7 +302,12 @@ class RunDir:
                 for name in LOGS:
                     (self.path / name).unlink(missing_ok=True)
             if (self.path / "metrics.jsonl").exists():
-                raise FileExistsError(f"{self.path} already holds a run; choose another trainer.run_name")
+                if not overwrite:
+                    raise FileExistsError(existing_run_message(self.path))
+                state = run_state(self.path)[0]
+                clear_run(self.path)
+                print(f"[reasonrl] --overwrite: deleted the run that was in {self.path} ({state})",
+                      file=sys.stderr, flush=True)
         with _writing("the run directory", self.path):
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "config.yaml").write_text(dump_yaml(cfg))
@@ -245,7 +358,29 @@ class RunDir:
                      if is_good(p) and verify_checkpoint(p) is None), None)
 
     def write_summary(self, summary: dict) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        """summary.json, whole or not at all (written beside, then renamed); a full disk is a
+        `StorageError` naming it."""
+        path, part = self.path / "summary.json", self.path / ".summary.json.part"
+        try:
+            with _writing("the run's summary", path):
+                part.write_text(json.dumps(summary, indent=2))
+                os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+
+    def log_write_error(self, err: OSError, path: Path, size: int) -> BaseException:
+        """What ends a run whose write of `size` bytes to a log (metrics.jsonl, samples.jsonl)
+        failed, the log left whole (`tracking.LogFile`): for lack of space or permission a
+        `StorageError` saying so and where the run resumes from (the checkpoint's log offsets cut
+        the logs back, so a resume is bitwise and nothing is lost), else the OSError itself."""
+        latest = self.latest()
+        if latest is None:
+            where = "no checkpoint was written yet, so the run must start again"
+        else:
+            where = (f"resume is bitwise from the last checkpoint, {latest}, so nothing is lost: "
+                     f"reasonrl train --resume {self.path}")
+        hint = f"; {path.name} is left whole (no torn line) and the run stopped: {where}"
+        return storage_error(err, "the run's log", path, size, hint) or err
 
     def interrupted(self, signal_name: str, step: int | None = None) -> TrainingInterrupted:
         """The exception that ends a stopped run: where it can resume from. `step` None: the

@@ -1,6 +1,9 @@
 """Run outputs: metrics.jsonl and samples.jsonl (always), the console progress bar, and
 TensorBoard / Weights & Biases when `tracking.backends` names them.
 
+`progress_bar` is the one console bar (training's steps, the evaluations' samples), and
+`ticking` keeps its elapsed time moving while one long call (a batch's generation) runs.
+
 Every backend receives the same metric names, namespaced by stage (`rollout/`, `reward/`,
 `advantage/`, `train/`, `eval/`, `time/`), so a curve is called the same in metrics.jsonl,
 TensorBoard, WandB and `report.html`. TensorBoard and WandB are optional extras: they are
@@ -12,8 +15,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
+import threading
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,22 +63,68 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-class JsonlBackend:
-    """metrics.jsonl (one line per step) and samples.jsonl (one line per logged completion)."""
+# what a failed log write becomes: (the OSError, the log's path, the bytes it was writing) -> the
+# exception that ends the run (the trainer words it as a StorageError naming where to resume from)
+WriteError = Callable[[OSError, Path, int], BaseException]
 
-    def __init__(self, run_dir: Path):
-        self.metrics_file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        self.samples_file = (run_dir / "samples.jsonl").open("a", encoding="utf-8")
+
+class LogFile:
+    """An append-only JSONL file whose every line is whole: a line is written with os.write (no
+    buffer that a later flush could half-write) and a write that fails (a full disk, a quota, a
+    lost permission) is cut back to where the file ended before it, so no torn line is left,
+    then ends the run with `write_error`'s exception (default: the OSError itself)."""
+
+    def __init__(self, path: Path, write_error: WriteError | None = None):
+        self.path, self.write_error = Path(path), write_error
+        self.fd: int | None = None
+        try:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise self._failure(err, 0) from err
+
+    def _failure(self, err: OSError, size: int) -> BaseException:
+        return err if self.write_error is None else self.write_error(err, self.path, size)
+
+    def append(self, text: str) -> None:
+        """Write `text` (whole lines) at the end of the file: all of it, or nothing."""
+        data = text.encode("utf-8")
+        start = os.lseek(self.fd, 0, os.SEEK_END)  # one writer per run directory (its lock)
+        try:
+            left = memoryview(data)
+            while left:
+                left = left[os.write(self.fd, left):]
+        except OSError as err:
+            try:
+                os.ftruncate(self.fd, start)  # frees what was written: works on a full disk too
+            except OSError:
+                pass  # a resume cuts the log back to its checkpoint's offset all the same
+            raise self._failure(err, len(data)) from err
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class JsonlBackend:
+    """metrics.jsonl (one line per step) and samples.jsonl (one line per logged completion), each
+    line whole or absent (`LogFile`)."""
+
+    def __init__(self, run_dir: Path, write_error: WriteError | None = None):
+        self.metrics_file = LogFile(run_dir / "metrics.jsonl", write_error)
+        try:
+            self.samples_file = LogFile(run_dir / "samples.jsonl", write_error)
+        except BaseException:
+            self.metrics_file.close()
+            raise
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        self.metrics_file.write(json.dumps(record) + "\n")
-        self.metrics_file.flush()
+        self.metrics_file.append(json.dumps(record) + "\n")
 
     def samples(self, step: int, rows: list[dict]) -> None:
-        for row in rows:
-            self.samples_file.write(json.dumps({"step": step, **row}) + "\n")
-        self.samples_file.flush()
+        if rows:  # a step's rows in one write: all of them or none
+            self.samples_file.append("".join(json.dumps({"step": step, **row}) + "\n" for row in rows))
 
     def close(self) -> None:
         self.metrics_file.close()
@@ -147,18 +200,59 @@ class WandbBackend:
         self.run.finish()
 
 
+def progress_bar(total: int, desc: str, unit: str, enabled: bool = True, initial: int = 0,
+                 leave: bool = True):
+    """The console's progress bar (tqdm on stderr, as wide as the terminal): training's steps
+    and the evaluations' samples look alike. `enabled` False: a bar that prints nothing."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
+                disable=not enabled, leave=leave)
+
+
+@contextmanager
+def ticking(bar, interval: float = 1.0) -> Iterator[None]:
+    """Within the block, redraw `bar` every `interval` seconds from a daemon thread, so that its
+    elapsed time moves while one long call runs (tqdm redraws only on an update, and the first
+    update of an evaluation may come minutes later, after its first batch). Nothing for a
+    disabled bar."""
+    if getattr(bar, "disable", True):
+        yield
+        return
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def counted(n: float, noun: str) -> str:
+    """`1 step`, `2 steps`: a count with its noun in the right number (nouns that take an -s)."""
+    return f"{n:g} {noun}" if n == 1 else f"{n:g} {noun}s"
+
+
 class Tracker:
     """Fans each step's metrics and sample completions out to the selected backends and
     keeps a tqdm bar current. metrics.jsonl / samples.jsonl are always written (the report
-    is built from them); `tracking.backends` adds console, tensorboard and wandb."""
+    is built from them); `tracking.backends` adds console, tensorboard and wandb. A write to
+    those two that fails leaves them whole and raises `write_error`'s exception (`LogFile`)."""
 
     def __init__(self, run_dir: Path, total_steps: int, progress: bool = True, start_step: int = 0,
-                 *, tracking: TrackingConfig | None = None, config: dict | None = None):
+                 *, tracking: TrackingConfig | None = None, config: dict | None = None,
+                 write_error: WriteError | None = None):
         from reasonrl.config import TrackingConfig
 
         tracking = tracking if tracking is not None else TrackingConfig()
         self.run_dir = Path(run_dir)
-        self.jsonl = JsonlBackend(self.run_dir)
+        self.jsonl = JsonlBackend(self.run_dir, write_error)
         self.metrics_file, self.samples_file = self.jsonl.metrics_file, self.jsonl.samples_file
         self.backends: list[Any] = [self.jsonl]
         try:
@@ -173,10 +267,7 @@ class Tracker:
             raise
         self.bar = None
         if progress and "console" in tracking.backends:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+            self.bar = progress_bar(total_steps, "train", "step", initial=start_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for backend in self.backends:

@@ -13,6 +13,7 @@ either way, and so do the sync (`publish`) and the held-out eval.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -28,16 +29,22 @@ from reasonrl.config import Config, to_dict
 from reasonrl.data import load_examples
 from reasonrl.errors import TrainingAborted
 from reasonrl.evaluate import eval_settings, record_plan
-from reasonrl.metrics import batch_metrics, gpu_memory_metrics, reset_gpu_peak
+from reasonrl.metrics import (
+    ZeroRewardWatch,
+    batch_metrics,
+    gpu_memory_metrics,
+    reset_gpu_peak,
+    zero_reward_warning,
+)
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
-from reasonrl.run import RunDir, StopSignals
+from reasonrl.run import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
 from reasonrl.source import BatchSource, make_source, trainer_threads
-from reasonrl.tracking import Tracker
+from reasonrl.tracking import Tracker, counted
 
 
 @dataclass
@@ -90,7 +97,10 @@ def with_epochs(cfg: Config, num_prompts: int) -> Config:
 
 
 class Trainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, overwrite: bool = False):
+        """Everything a run needs before its first step. `overwrite`: a new run replaces the run
+        its folder holds (`--overwrite`) instead of being refused. A resume of a finished run
+        (its checkpoint at trainer.steps) loads no model: `fit` says so and trains nothing."""
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
         torch.set_num_threads(trainer_threads(cfg))  # shared with a rollout process beside, if any
@@ -101,11 +111,22 @@ class Trainer:
             print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
                   f"prompts, {t.batch_size // r.n} per step)", flush=True)
         check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
-        self.eval_settings = eval_settings(cfg, entropy=False, progress=False)
+        progress = t.progress and "console" in cfg.tracking.backends  # the held-out eval's bar
+        self.eval_settings = eval_settings(cfg, entropy=False, progress=progress)
         record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
+        self.overwrite, self.workers = overwrite, None
+        self.source: BatchSource | None = None  # built with the workers (none for a finished run)
         self.run = RunDir.locate(cfg)  # a resumed run's lock (a new run's: in `fit`) until `fit` ends
         try:
-            self.build(cfg)
+            RunDir.check_new(cfg, overwrite)  # a run already in the folder: refused before the model loads
+            done = checkpoint_step(self.run.checkpoint) if self.run.checkpoint is not None else None
+            self.finished = done if done is not None and done >= t.steps else None  # resumed at its end
+            if self.finished is not None:  # a changed config is refused as for any resume
+                saved = (checkpoint_state(self.run.checkpoint) or {}).get("config")
+                if isinstance(saved, dict):
+                    check_config_changes(self.run.checkpoint, saved, to_dict(cfg), t.allow_config_change)
+            else:
+                self.build(cfg)
         except BaseException:
             self.run.release()
             raise
@@ -123,12 +144,14 @@ class Trainer:
         check_prompt_lengths(self.rollout, self.train_examples + self.held_out, cfg.data.max_prompt_tokens)
         sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_new_tokens=r.max_new_tokens)
-        self.source: BatchSource = make_source(cfg, self.workers, self.train_examples, self.held_out,
-                                               self.eval_settings, sampling)
+        self.source = make_source(cfg, self.workers, self.train_examples, self.held_out, self.eval_settings,
+                                  sampling)
         self.step_count = 0
         self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
         self.bad_reason = ""  # what made the last bad step bad
+        self.bad_lr: str | None = None  # the learning rate to lower after it (optim.lr, critic.lr)
         self.reward_failures = FailureLog()
+        self.zero_rewards = ZeroRewardWatch()  # steps in a row with every reward 0: said once
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
         self.stop = StopSignals(lambda: f"step {self.step_count + 1}")  # SIGINT/SIGTERM during `fit`
         if self.run.checkpoint is not None:
@@ -137,9 +160,11 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         """Continue exactly where `path` stopped: weights, optimizer, scheduler, sampler,
         RNGs and step. Refuses a config that changed in keys not listed in
-        `trainer.allow_config_change`."""
+        `trainer.allow_config_change` or that a resume cannot change; the changed ones it accepts
+        are this run's from its first step (the optimizer's settings: `Learner.apply_settings`)."""
         state, tensors, weights = read_checkpoint(path)
-        check_config_changes(path, state["config"], to_dict(self.cfg), self.cfg.trainer.allow_config_change)
+        changes = check_config_changes(path, state["config"], to_dict(self.cfg),
+                                       self.cfg.trainer.allow_config_change)
         self.policy.load_weights(weights)
         self.policy.load_state_dict(tensors["policy"])
         if self.critic is not None:
@@ -147,6 +172,9 @@ class Trainer:
             self.critic.load_state_dict(tensors["critic"])
         self.source.restore(state["sampler"], tensors.get("in_flight"))
         self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        if changes:
+            print(f"[reasonrl] resuming with changed settings, in force from step {self.step_count + 1}: "
+                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()), flush=True)
         self.source.publish(self.step_count)  # the loaded weights are this version
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
@@ -179,6 +207,7 @@ class Trainer:
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
                                rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))
+        self.stop_if_weights_broke(metrics)  # before the sync: non-finite weights go nowhere
         self.step_count += 1  # the policy is now at version step_count
         timed(times, "sync", self.source.publish, self.step_count, self.eval_due(self.step_count))
         times["step"] = time.perf_counter() - t0
@@ -207,7 +236,7 @@ class Trainer:
         """(run folder, held-out metrics before training): a resumed run reuses the eval it
         saved, a new run evaluates now."""
         resumed = self.resumed
-        run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"])
+        run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"], self.overwrite)
         if resumed is not None:
             print(f"[reasonrl] resuming {run_dir} from {resumed['path']} "
                   f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
@@ -218,7 +247,7 @@ class Trainer:
             s = self.eval_settings
             how = "greedy" if s.greedy else f"sampled at T={s.temperature:g}"
             print(f"[reasonrl] held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
-                  f"({int(eval_before['eval/num_prompts'])} problems, {how})", flush=True)
+                  f"({counted(int(eval_before['eval/num_prompts']), 'problem')}, {how})", flush=True)
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
@@ -241,27 +270,71 @@ class Trainer:
                   flush=True)
 
     def count_bad_step(self, metrics: dict[str, float], failures: list[str | None] | None) -> None:
-        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped),
-        or every reward call failed (`failures`: the rows' reward failures)."""
-        nonfinite = (metrics.get("train/updates", 0) > 0 and metrics.get("train/skipped_update", 0) > 0
-                     or metrics.get("critic/updates", 0) > 0 and metrics.get("critic/skipped_update", 0) > 0)
+        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped,
+        named with its likely causes), or every reward call failed (`failures`: the rows' reward
+        failures)."""
+        skipped = [(role, prefix) for role, prefix in (("policy", "train"), ("critic", "critic"))
+                   if metrics.get(f"{prefix}/updates", 0) > 0
+                   and metrics.get(f"{prefix}/skipped_update", 0) > 0]
         no_reward = bool(failures) and all(f is not None for f in failures)
-        bad = nonfinite or no_reward
+        bad = bool(skipped) or no_reward
         self.bad_steps = self.bad_steps + 1 if bad else 0
         metrics["train/bad_steps"] = float(self.bad_steps)
+        self.bad_lr = None
+        if skipped:
+            role, prefix = skipped[0]
+            self.bad_lr = "optim.lr" if role == "policy" else "critic.lr"
+            norm, reward = metrics.get(f"{prefix}/grad_norm", math.nan), metrics.get("reward/mean", math.nan)
+            self.bad_reason = (f"non-finite loss or gradient in the {role} update ({prefix}/grad_norm="
+                               f"{norm:g}), update skipped: likely {self.bad_lr}="
+                               f"{self.learning_rate(self.bad_lr):g} too high (the weights diverged) or "
+                               f"rewards too large (reward/mean={reward:g})")
+        elif no_reward:
+            self.bad_reason = f"every reward call failed, e.g. {failures[0]}"
         if bad:
-            self.bad_reason = ("non-finite loss or gradient, update skipped" if nonfinite else
-                               f"every reward call failed, e.g. {failures[0]}")
             print(f"[reasonrl] step {self.step_count}: {self.bad_reason} ({self.bad_steps} in a row; abort "
                   f"at {self.cfg.trainer.max_bad_steps})", file=sys.stderr, flush=True)
 
+    def learning_rate(self, key: str) -> float:
+        """The configured value of `key`, optim.lr or critic.lr."""
+        return self.cfg.optim.lr if key == "optim.lr" else self.cfg.critic.lr
+
+    def way_on(self, lower: str | None) -> str:
+        """How a run stopped by bad steps goes on: the command that resumes from the last good
+        checkpoint (with the learning rate `lower`, optim.lr or critic.lr, lowered tenfold, and
+        to at most the default 1e-5), and that checkpoint; without one, that the run starts again."""
+        good = self.run.last_good()
+        if good is None:
+            again = f"lower {lower} and start the run again" if lower else "start the run again"
+            return f"no good checkpoint was written yet: {again}; the last good checkpoint is none"
+        change = "" if lower is None else (f" --allow-config-change {lower} "
+                                           f"{lower}={min(self.learning_rate(lower) / 10, 1e-5):g}")
+        return f"resume with: reasonrl train --resume {good}{change}; the last good checkpoint is {good}"
+
+    def stop_if_weights_broke(self, metrics: dict[str, float]) -> None:
+        """The step's policy or critic update left a weight NaN or inf (`nonfinite_weights`: the
+        learner checks after each optimizer step) although its loss and gradient were finite:
+        the run stops now (`TrainingAborted`, exit code 1), before the sync would push those
+        weights or a checkpoint could hold them; every later step would compute on them."""
+        for role, prefix, key in (("critic", "critic", "critic.lr"), ("policy", "train", "optim.lr")):
+            if metrics.get(f"{prefix}/nonfinite_weights"):
+                raise TrainingAborted(
+                    f"step {self.step_count + 1}: the {role} update made weights non-finite (NaN or inf) "
+                    f"from a finite loss and gradient ({prefix}/grad_norm="
+                    f"{metrics.get(f'{prefix}/grad_norm', math.nan):g}): {key}="
+                    f"{self.learning_rate(key):g} is far too high (AdamW moves each weight by up to about "
+                    f"the learning rate per step); nothing of this step was synced or saved; "
+                    f"{self.way_on(key)}")
+
     def abort_if_stuck(self) -> None:
-        """`trainer.max_bad_steps` bad steps in a row (logged first) end the run."""
+        """`trainer.max_bad_steps` bad steps in a row (logged first) end the run, naming the last
+        good checkpoint and the command that resumes from it."""
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
+            fix = (f"Lower {self.bad_lr} or scale the rewards down" if self.bad_lr else
+                   "Fix the reward function")
             raise TrainingAborted(
                 f"{self.bad_steps} bad steps in a row (to step {self.step_count}), the last: "
-                f"{self.bad_reason}; stopping. Lower optim.lr or check the rewards; the last good "
-                f"checkpoint is {self.run.last_good() or 'none'}")
+                f"{self.bad_reason}; stopping. {fix}; {self.way_on(self.bad_lr)}")
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety
@@ -284,19 +357,42 @@ class Trainer:
 
     def fit(self) -> RunResult:
         """Train to trainer.steps (`train_steps`); the run directory's lock is given back at the
-        end, however the run ends."""
+        end, however the run ends. A finished run (resumed at trainer.steps) trains nothing."""
         try:
+            if self.finished is not None:
+                return self.already_finished()
             return self.train_steps()
         finally:
             if self.source is not None:
                 self.source.close()  # a rollout side stopped with the run
             self.run.release()
 
+    def already_finished(self) -> RunResult:
+        """A resume of a run whose checkpoint is at (or past) trainer.steps: nothing to train.
+        It says so, with the held-out numbers its summary.json holds and the command that trains
+        it further, and writes nothing (summary.json, logs and report stay the run's own)."""
+        run_dir, step = self.run.path, self.finished
+        summary: dict = {}
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            pass
+        before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+        held_out = ""
+        if "eval/accuracy" in before and "eval/accuracy" in after:
+            held_out = (f"; held-out accuracy {before['eval/accuracy']:.3f} before -> "
+                        f"{after['eval/accuracy']:.3f} after {counted(summary.get('steps', step), 'step')} "
+                        "(its summary.json)")
+        print(f"[reasonrl] {run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
+              f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{held_out}. "
+              f"To train it further: {extend_command(run_dir, step)}", flush=True)
+        return RunResult(run_dir, before, after, {})
+
     def train_steps(self) -> RunResult:
         cfg = self.cfg
         run_dir, eval_before = self.open_run()
         tracker = Tracker(run_dir, cfg.trainer.steps, cfg.trainer.progress, start_step=self.step_count,
-                          tracking=cfg.tracking, config=to_dict(cfg))
+                          tracking=cfg.tracking, config=to_dict(cfg), write_error=self.run.log_write_error)
         if eval_before and self.resumed is None:
             tracker.log(0, eval_before)
         metrics, eval_after = {}, eval_before
@@ -320,6 +416,10 @@ class Trainer:
         metrics, batch, advantages = self.step()
         self.report_reward_failures(batch.scores.failures)
         self.count_bad_step(metrics, batch.scores.failures)
+        if self.zero_rewards.update(self.step_count, metrics):  # once per run
+            cfg, first = self.cfg, self.zero_rewards.first
+            tracker.write(zero_reward_warning(first, self.step_count, metrics, cfg.rollout.max_new_tokens,
+                                              cfg.reward.task, str(self.run.path)))
         if self.eval_due(self.step_count):
             eval_after = self.evaluate()
             metrics.update(eval_after)
@@ -335,7 +435,7 @@ class Trainer:
                                 "eval_after": eval_after})
         if eval_before:
             print(f"[reasonrl] held-out accuracy: {eval_before['eval/accuracy']:.3f} before -> "
-                  f"{eval_after['eval/accuracy']:.3f} after {self.step_count} steps", flush=True)
+                  f"{eval_after['eval/accuracy']:.3f} after {counted(self.step_count, 'step')}", flush=True)
         print(f"[reasonrl] wrote {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, "
               f"checkpoints/step_{self.step_count}/huggingface)", flush=True)
         if self.cfg.tracking.report:
@@ -347,9 +447,11 @@ class Trainer:
         return RunResult(run_dir, eval_before, eval_after, metrics)
 
 
-def train(cfg: Config) -> RunResult:
-    trainer = Trainer(cfg)
+def train(cfg: Config, overwrite: bool = False) -> RunResult:
+    """Train with `cfg` (`overwrite`: replace the run already in the run's folder)."""
+    trainer = Trainer(cfg, overwrite)
     try:
         return trainer.fit()
     finally:
-        trainer.workers.close()  # engines freed, ray actors stopped
+        if trainer.workers is not None:  # none for a finished run
+            trainer.workers.close()  # engines freed, ray actors stopped

@@ -250,9 +250,9 @@ def test_range_checks_name_their_key(override, key):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("optim.lr=.inf", "optim.lr: must be finite and >= 0, got inf"),
-    ("optim.lr=.nan", "optim.lr: must be finite and >= 0, got nan"),
-    ("optim.lr=-.inf", "optim.lr: must be finite and >= 0, got -inf"),
+    ("optim.lr=.inf", "optim.lr: must be finite and in [0, 1], got inf"),
+    ("optim.lr=.nan", "optim.lr: must be finite and in [0, 1], got nan"),
+    ("optim.lr=-.inf", "optim.lr: must be finite and in [0, 1], got -inf"),
     ("optim.weight_decay=-5", "optim.weight_decay: must be >= 0, got -5.0"),
     ("optim.weight_decay=.nan", "optim.weight_decay: must be finite and >= 0, got nan"),
     ("optim.betas=[2, -1]", "optim.betas[0]: must be in [0, 1), got 2.0"),
@@ -333,7 +333,7 @@ def test_a_non_finite_number_stops_reasonrl_train_with_one_line(capsys):
     code = main(["train", str(REPO_ROOT / "configs" / "smoke.yaml"), "optim.lr=.inf"])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
-    assert captured.err == "reasonrl: config error: optim.lr: must be finite and >= 0, got inf\n"
+    assert captured.err == "reasonrl: config error: optim.lr: must be finite and in [0, 1], got inf\n"
 
 
 # --------------------------------------------------------------------- include, bad files

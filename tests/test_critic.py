@@ -133,7 +133,7 @@ def smoke(tmp_path, *overrides: str):
     (["placement.critic.num_cpus=2"],
      "placement.critic.num_cpus: set, but algo.advantage=grpo uses no critic"),
     (["algo.lam=0.95"], "algo.gamma/algo.lam: only used by critic estimators"),
-    (["algo.advantage=gae", "critic.lr=0"], "critic.lr: must be > 0"),
+    (["algo.advantage=gae", "critic.lr=0"], r"critic.lr: must be in \(0, 1\]"),
     (["algo.advantage=gae", "placement.critic.ranks=2"],
      "placement.critic.ranks: 2 ranks need placement.mode=ray"),
 ])

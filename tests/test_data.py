@@ -601,6 +601,31 @@ def test_prepare_countdown_errors_name_file_line_and_field(tmp_path, line, needl
         convert("countdown", path)
 
 
+def test_prepare_with_nothing_to_write_says_why(tmp_path):
+    """No record to write is one error saying why: a --skip past the input's end (TinyZero's test
+    window on a small file) names the input's count and --skip; an empty input and --size 0 too;
+    negative counts are refused."""
+    from reasonrl.config import ConfigError
+    from reasonrl.data.prepare import prepare
+
+    src, out = FIXTURES / "recipes" / "countdown_3to4.parquet", tmp_path / "test.jsonl"
+    with pytest.raises(DataError, match=r"countdown_3to4\.parquet: no records to write: the input has 12 "
+                                        r"records and --skip 327680 passed them all"):
+        prepare("countdown", out, src, skip=327680, limit=1024)
+    with pytest.raises(DataError, match=r"--skip 12 passed them all"):
+        prepare("countdown", out, src, skip=12)
+    assert prepare("countdown", tmp_path / "last.jsonl", src, skip=11) == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no records to write: the input holds none"):
+        prepare("gsm8k", out, empty)
+    with pytest.raises(DataError, match=r"data prepare piecewise: --size 0: no records to write"):
+        prepare("piecewise", out, size=0)
+    with pytest.raises(ConfigError, match=r"data prepare countdown: --limit -2, --skip -1: must be >= 0"):
+        prepare("countdown", out, src, skip=-1, limit=-2)
+    assert not out.exists()
+
+
 def test_prepare_r1_zero_template_writes_reasonrl_prompts():
     from reasonrl.data.formats import R1_ZERO_TEMPLATE
     from reasonrl.data.prepare import convert

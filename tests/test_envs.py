@@ -159,7 +159,7 @@ def test_tool_environment_runs_the_call_and_counts_failures():
 
 def test_feedback_environment_says_higher_or_lower():
     assert feedback(None, 5) == NO_NUMBER and feedback(7, 5) == TOO_HIGH and feedback(3, 5) == TOO_LOW
-    assert feedback(5.0000000001, 5) is None  # numbers_equal's tolerance
+    assert feedback(5.0000000001, 5) == TOO_HIGH and feedback(5.0, 5) is None  # exact: no tolerance
     env = FeedbackEnvironment("chat")
     env.reset(Example("What is 2 + 3?", "5"))
     assert env.step("It is 7.") == EnvStep(observation={"role": "user", "content": TOO_HIGH})

@@ -6,6 +6,7 @@ vLLM engine; an id that is not cached gets one clear error naming it and the fet
 from __future__ import annotations
 
 import copy
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -51,12 +52,14 @@ def test_a_hub_id_resolves_to_the_cached_snapshot_and_loads(hub, tiny):
 
 
 def test_an_uncached_id_offline_names_the_id_and_the_command(hub):
-    with pytest.raises(ModelLoadError, match=r"model.path=acme/other: not in the Hugging Face cache .* "
-                                             r"HF_HUB_OFFLINE is set; fetch it once with "
-                                             r"`hf download acme/other`"):
+    with pytest.raises(ModelLoadError, match=r"model.path=acme/other: not found; tried \(1\) a local "
+                                             r"folder .*: none there; \(2\) the Hugging Face cache .*: "
+                                             r"acme/other is not in it; \(3\) the Hub https://huggingface.co/"
+                                             r"acme/other: not asked, HF_HUB_OFFLINE is set\. Fetch it once "
+                                             r"with `hf download acme/other`.*model.path=./acme/other"):
         resolve_model_dir("acme/other")
-    with pytest.raises(ModelLoadError, match=r"acme/tiny-llama at revision v2: not in the Hugging Face "
-                                             r"cache"):
+    with pytest.raises(ModelLoadError, match=r"acme/tiny-llama at revision v2: not found; .*acme/tiny-llama "
+                                             r"at revision v2 is not in it"):
         resolve_model_dir(REPO_ID, revision="v2")
 
 
@@ -136,8 +139,11 @@ def test_a_hub_dataset_loads_by_id_with_its_subset_split_and_format(hub_data):
      r"openai/gsm8k\[main/validation\]: Unknown split \"validation\". Should be one of \['train', 'test'\]"),
     (dict(subset="socratic", split="train"), r"openai/gsm8k\[socratic/train\]: .*socratic"),
     (dict(subset="main", split="train", fmt="math"),
-     r"openai/gsm8k\[main/train\]:1: missing field 'problem'; the record has answer, question"),
-    (dict(subset="main", split="train", fmt=""), r"openai/gsm8k\[main/train\]:1: missing field 'prompt'"),
+     r"openai/gsm8k\[main/train\]:1: missing field 'problem' for data.format=math \(it reads problem, "
+     r"solution\); the record has answer, question; it fits data.format=gsm8k: add that override"),
+    (dict(subset="main", split="train", fmt=""),
+     r"openai/gsm8k\[main/train\]:1: missing field 'prompt' \(or 'messages'\); the record has answer, "
+     r"question; it fits data.format=gsm8k"),
 ])
 def test_a_missing_split_subset_or_field_names_it(hub_data, kwargs, message):
     from reasonrl.data import load_file
@@ -151,7 +157,9 @@ def test_an_uncached_dataset_offline_names_the_id(hub_data, monkeypatch):
     from reasonrl.data import load_file
     from reasonrl.errors import DataError
 
-    with pytest.raises(DataError, match=r"openai/gsmk8\[train\]: not in the datasets cache .* load it once "):
+    with pytest.raises(DataError, match=r"openai/gsmk8\[train\]: not found; tried \(1\) a local file or "
+                                       r"folder .*; \(2\) the datasets cache .*: not in it; \(3\) the Hub: "
+                                       r"not asked, HF_HUB_OFFLINE is set\. Load it once online"):
         load_file("openai/gsmk8")
 
 
@@ -203,9 +211,11 @@ def _hub_error(cls):
 
 
 @pytest.mark.parametrize("error, message", [
-    ("RepositoryNotFoundError", r"model.path=acme/tiny-lama: no such model on the Hugging Face Hub "
-                                r"\(or it is private: log in with `hf auth login`\), and no local folder "
-                                r"\S*acme/tiny-lama either"),
+    ("RepositoryNotFoundError", r"model.path=acme/tiny-lama: not found; tried \(1\) a local folder "
+                                r"\S*acme/tiny-lama: none there; \(2\) the Hub https://huggingface.co/"
+                                r"acme/tiny-lama: no such model \(or it is private: log in with `hf auth "
+                                r"login`\)\. Check the id, or give a local folder as "
+                                r"model.path=./acme/tiny-lama"),
     ("RevisionNotFoundError", r"model.revision=v9: acme/tiny-lama has no such revision"),
 ])
 def test_a_typo_in_a_model_id_or_revision_is_named(monkeypatch, error, message):
@@ -216,6 +226,7 @@ def test_a_typo_in_a_model_id_or_revision_is_named(monkeypatch, error, message):
         raise _hub_error(getattr(errors, error))
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.setattr("reasonrl.cache.hub_unreachable", lambda: None)  # the Hub answers (404)
     with pytest.raises(ModelLoadError, match=message):
         resolve_model_dir("acme/tiny-lama", revision="v9")
 
@@ -264,3 +275,140 @@ def test_an_arrow_file_reads_through_datasets(tmp_path):
     rows = load_file(arrow)
     assert [(e.prompt, e.ground_truth) for e in rows] == [("What is 2 + 2?", "4"), ("What is 3 + 3?", "6")]
     assert rows[1].meta["origin"] == f"{arrow}:2"
+
+
+# ---- without network: one short try, then the caches; every place named ----------------------
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """A machine whose name lookups fail (as on any machine without network): the probes of
+    `cache.hub_unreachable` are counted, and a request huggingface_hub or datasets sends anyway
+    (what retries) fails the test (huggingface_hub's own best-effort fetch of its agent registry
+    swallows that failure, as it swallows a real one). HF_HUB_OFFLINE is not set."""
+    import socket
+    from types import SimpleNamespace
+
+    import httpx
+    from huggingface_hub import constants
+
+    from reasonrl import cache
+
+    probes = []
+
+    def lookup_fails(address, timeout=None):
+        probes.append(address)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def no_request(*args, **kwargs):
+        raise AssertionError("a request was sent to the Hub")
+
+    cache.hub_unreachable.cache_clear()
+    monkeypatch.setattr(cache, "socket", SimpleNamespace(create_connection=lookup_fails))
+    for client in [httpx.Client] + ([importlib.import_module("httpx2").Client]
+                                    if importlib.util.find_spec("httpx2") else []):
+        monkeypatch.setattr(client, "send", no_request)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    yield probes
+    cache.hub_unreachable.cache_clear()
+
+
+def test_a_missing_hub_id_without_network_fails_at_once_naming_every_place(hub, no_network):
+    import time
+
+    from huggingface_hub import constants
+
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model_dir("acme/nope")
+    assert time.perf_counter() - start < 10  # huggingface_hub's retries alone wait 23 s
+    assert str(err.value) == (
+        f"model.path=acme/nope: not found; tried (1) a local folder {Path('acme/nope').resolve()}: none "
+        f"there; (2) the Hugging Face cache {constants.HF_HUB_CACHE}: acme/nope is not in it; (3) the Hub "
+        "https://huggingface.co/acme/nope: the Hub (huggingface.co:443) cannot be reached ([Errno -2] Name "
+        "or service not known; one try of 3 s). Fetch it once with `hf download acme/nope` on a machine "
+        "with internet (same HF_HOME), or give a local folder as model.path=./acme/nope or "
+        "model.path=/absolute/path (a path that exists is read as a folder, never as a Hub id); without "
+        "network, set HF_HUB_OFFLINE=1 to go to the cache at once")
+    assert no_network == [("huggingface.co", 443)]  # one try, once per process
+
+
+def test_a_cached_hub_id_without_network_loads_from_the_cache(hub, no_network, capsys):
+    from reasonrl.placement.preflight import model_positions
+
+    assert resolve_model_dir(REPO_ID) == hub
+    assert capsys.readouterr().err == ("[reasonrl] the Hub (huggingface.co:443) cannot be reached ([Errno "
+                                       "-2] Name or service not known; one try of 3 s): model.path="
+                                       f"{REPO_ID} from the Hugging Face cache ({hub})\n")
+    model_positions.cache_clear()
+    assert model_positions(REPO_ID) == (2048, f"max_position_embeddings in {hub / 'config.json'}")
+    assert len(no_network) == 1
+
+
+def test_a_hub_dataset_without_network_comes_from_the_cache_or_names_every_place(hub_data, no_network):
+    import datasets
+
+    from reasonrl.data import load_file
+    from reasonrl.errors import DataError
+
+    datasets.config.HF_HUB_OFFLINE = False  # undone by hub_data's monkeypatch
+    assert load_file("openai/gsm8k", subset="main", split="train", fmt="gsm8k")[0].ground_truth == "72"
+    with pytest.raises(DataError) as err:
+        load_file("acme/nope", split="test")
+    assert str(err.value) == (
+        f"acme/nope[test]: not found; tried (1) a local file or folder {Path('acme/nope').resolve()}: none "
+        f"there; (2) the datasets cache {hub_data}: not in it; (3) the Hub: the Hub (huggingface.co:443) "
+        "cannot be reached ([Errno -2] Name or service not known; one try of 3 s). Load it once online with "
+        "the same HF_HOME, or give a local file (a path that exists is read as a file, never as a Hub id); "
+        "without network, set HF_HUB_OFFLINE=1 to go to the cache at once")
+    assert datasets.config.HF_HUB_OFFLINE is False  # the offline switch was for those calls alone
+    assert len(no_network) == 1
+
+
+def test_the_hub_probe_goes_through_the_proxy_the_environment_names(monkeypatch):
+    from types import SimpleNamespace
+
+    from reasonrl import cache
+
+    tried = []
+
+    class Opened:
+        def close(self):
+            tried.append("closed")
+
+    def connect(address, timeout=None):
+        tried.append(address)
+        return Opened()
+
+    monkeypatch.setattr(cache, "socket", SimpleNamespace(create_connection=connect))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    cache.hub_unreachable.cache_clear()
+    assert cache.hub_unreachable() is None and tried == [("proxy.example", 3128), "closed"]
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    cache.hub_unreachable.cache_clear()
+    assert cache.hub_unreachable() is None and tried[-2] == ("huggingface.co", 443)
+    cache.hub_unreachable.cache_clear()
+
+
+def test_the_hub_probe_gives_up_after_its_timeout(monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    from reasonrl import cache
+
+    release = threading.Event()
+
+    def hang(address, timeout=None):  # a name lookup that does not answer
+        release.wait(30)
+        raise OSError("released at the end of the test")
+
+    monkeypatch.setattr(cache, "socket", SimpleNamespace(create_connection=hang))
+    try:
+        assert cache._connect("huggingface.co", 443, 0.2) == "no answer within 0.2 s"
+    finally:
+        release.set()

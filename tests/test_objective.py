@@ -35,8 +35,8 @@ def test_the_objective_composes_tis_entropy_and_kl_around_the_loss():
         "loss": -0.908940, "pg_loss": -0.933940, "entropy": 1.0, "kl": 0.25,
         "logprob_diff_mean": (0.5 + 1.0) / 4, "logprob_diff_max": 1.0,
         "is_weight_mean": (1.5 + math.exp(-1)) / 4, "is_capped_frac": 0.25,
-        "clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.5, "ratio_max": 1.0, "ratio_min": 1.0},
-        abs=1e-6)
+        "clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.5, "ratio_max": 1.0, "ratio_min": 1.0,
+        "clamped_frac": 0.0}, abs=1e-6)
     # shares add over micro-batches and ranks; extremes are extremes
     assert {k: v.reduce for k, v in m.items() if v.reduce != "sum"} == {
         "logprob_diff_max": "max", "ratio_max": "max", "ratio_min": "min"}

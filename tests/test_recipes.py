@@ -63,7 +63,7 @@ def overrides(name: str, data: Path) -> list[str]:
 # what each recipe must log beyond the common metrics: its reward semantics at work
 EXPECTED = {
     "reasonrl_strict_math": ["reward/format_r1_zero", "reward/correct"],
-    "trl_grpo_format": ["reward/format_paired", "reward/correct"],
+    "trl_grpo_format": ["reward/format_trl_grpo", "reward/correct"],
     "verl_countdown": ["train/kl_in_reward"],
     "transparent_grpo_piecewise": ["train/kl_in_reward"],
     "easyrl_math": [],
@@ -135,7 +135,9 @@ def rows(text: str) -> list[dict]:
     ("reasonrl_strict_math", "so </think> <answer>4</answer>", 1.0),
     ("reasonrl_strict_math", "so </think> <answer>5</answer>", 0.0),
     ("trl_grpo_format", "<think>x</think> so <answer>\\boxed{4}</answer>", 2.0),  # accuracy 1 + format 1
-    ("trl_grpo_format", "<think>x</think> so <answer>4</answer>", 1.5),  # no \boxed{}: format 0.5
+    # no \boxed{}: format 0.5, and TRL's accuracy_reward reads no bare 4 (no LaTeX anchor)
+    ("trl_grpo_format", "<think>x</think> so <answer>4</answer>", 0.5),
+    ("trl_grpo_format", "<think>x</think> so <answer>$4$</answer>", 1.5),
 ])
 def test_recipe_rewards_from_the_command_line(capsys, recipe, completion, score):
     config = str(RECIPES / f"{recipe}.yaml")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from fractions import Fraction
 
 import pytest
 import torch
@@ -28,6 +30,8 @@ from reasonrl.rewards import (
     score,
     think_answer_format_reward,
 )
+from reasonrl.rewards.extract import all_between, first_between
+from reasonrl.rewards.numeric import canonical_answer, parse_exact
 
 # ---------------------------------------------------------------------------- extraction
 
@@ -68,6 +72,30 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
 ])
 def test_extract_answer_tag(text: str, expected: str | None) -> None:
     assert extract_answer_tag(text) == expected
+
+
+@pytest.mark.parametrize("text, first, every", [
+    ("<answer>1</answer><answer>2</answer>", "1", ["1", "2"]),
+    ("<answer>x<answer>y</answer>z</answer>", "x<answer>y", ["x<answer>y"]),  # the first close ends it
+    ("</answer><answer>1</answer>", "1", ["1"]),  # a close before any open is not a pair
+    ("<answer>\n1\n</answer>", "\n1\n", ["\n1\n"]),  # across lines (re.DOTALL)
+    ("<answer></answer>", "", [""]),
+    ("<answer>1", None, []),
+    ("<ANSWER>1</ANSWER>", None, []),  # case-sensitive, as the regexes they stand for
+    ("<answer>1</answer><answer>2", "1", ["1"]),
+])
+def test_first_and_all_between_are_the_non_greedy_regexs_matches(text, first, every):
+    """`first_between` / `all_between` are `re.search` / `re.findall` of `<answer>(.*?)</answer>`
+    with re.DOTALL (what ReasonRL, EasyRL and trl_GRPO search with), in linear time."""
+    assert first_between(text, "<answer>", "</answer>") == first
+    assert all_between(text, "<answer>", "</answer>") == every
+    match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert (match.group(1) if match else None) == first
+    assert re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL) == every
+    start = time.perf_counter()
+    first_between("<answer>" * 200_000, "<answer>", "</answer>")  # the regex: ~10^10 steps
+    all_between("<answer>" * 200_000 + "</answer>", "<answer>", "</answer>")
+    assert time.perf_counter() - start < 1.0
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -157,10 +185,30 @@ def test_parse_number_never_raises() -> None:
 
 
 def test_numbers_equal() -> None:
-    assert numbers_equal(18.0, 18)
-    assert numbers_equal(0.1 + 0.2, 0.3)
+    """Exact: no tolerance (a relative 1e-6 took 1548557 for 1548556)."""
+    assert numbers_equal(18.0, 18) and numbers_equal(Fraction(1, 2), 0.5)
+    assert not numbers_equal(1548557, 1548556) and not numbers_equal(3.0000003, 3)
+    assert not numbers_equal(0.1 + 0.2, 0.3) and not numbers_equal(0.0, 1e-12)
     assert not numbers_equal(18.0, 18.01)
-    assert numbers_equal(0.0, 1e-12)
+
+
+@pytest.mark.parametrize("answer, truth, expected", [
+    ("1548557", "1548556", 0.0),
+    ("1,548,556", "1548556", 1.0),
+    ("3.0000003", "3", 0.0),
+    ("9007199254740993", "9007199254740992", 0.0),  # the same float, not the same integer
+    ("\\frac{1}{3}", "0.333333", 0.0),
+    ("0.50", "\\frac{1}{2}", 1.0),
+])
+def test_numeric_reward_is_exact(answer, truth, expected) -> None:
+    assert numeric_reward(f"\\boxed{{{answer}}}", truth) == expected
+
+
+def test_parse_exact_and_canonical_integers() -> None:
+    assert parse_exact("1,234.5") == Fraction(2469, 2) and parse_exact("\\frac{1}{3}") == Fraction(1, 3)
+    assert parse_exact("9007199254740993") == 9007199254740993 and parse_exact("1e-999") is None
+    assert canonical_answer("9007199254740993", numeric=True) == "9007199254740993"  # not "9.00719925474e+15"
+    assert canonical_answer("-0", numeric=True) == "0" and canonical_answer("0.5", numeric=True) == "0.5"
 
 
 @pytest.mark.parametrize("completion, truth, fallback, expected", [
@@ -302,8 +350,8 @@ def test_gate_makes_the_sum_all_or_nothing() -> None:
 
 
 def test_reward_components_and_make_reward_fn() -> None:
-    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero", "boxed",
-                                              "answer_present"}
+    assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero",
+                                              "format_trl_grpo", "boxed", "answer_present"}
     assert make_reward_fn("correct")("so 18", "18") == 1.0
     assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
     assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5

@@ -161,6 +161,8 @@ def test_limits_are_checked():
         Limits(memory_mb=256.5)
     with pytest.raises(ConfigError, match="processes must be an integer > 0, got 0"):
         Limits(processes=0)
+    with pytest.raises(ConfigError, match="disk_mb must be an integer > 0, got 0"):
+        Limits(disk_mb=0)
     with pytest.raises(ConfigError, match="must be one of auto, bwrap, unshare, rlimit, got 'docker'"):
         Limits(sandbox="docker")
     with pytest.raises(ConfigError, match="uid must be an unprivileged user id"):
@@ -406,6 +408,50 @@ def test_a_file_past_the_size_limit_is_refused(mode):
     obs, stats = hostile(mode, "open('big', 'wb').write(b'x' * (4 << 20))", file_mb=1)
     assert obs.error.startswith("exit code 1: OSError") and "File too large" in obs.error
     assert not obs.timed_out and stats.errors == 1
+
+
+DISK_BOMB = """
+for i in range(200):  # 200 MB in files of 1 MB (each under file_mb), if nothing stops it
+    with open(f"f{i}", "wb") as f:
+        f.write(b"x" * (1 << 20))
+    print(i, flush=True)
+"""
+
+
+def test_a_call_filling_its_directory_is_stopped_at_its_disk_limit(mode):
+    """3 GB in 3 s was possible: each file under file_mb, but no bound on how many. The call's
+    directory is bounded (`Limits.disk_mb`, the watch in bounds.py): the call is killed soon
+    after passing it, its error says "disk limit", and its files go with it."""
+    obs, stats = hostile(mode, DISK_BOMB, disk_mb=4, timeout=10.0)
+    assert obs.error == ("disk limit passed: the call's files took more than 4 MB in its directory; its "
+                         "processes were killed and its files deleted")
+    written = len(obs.output.split())
+    assert 4 <= written < 150, obs.output  # past 4 MB, stopped long before 200
+    assert not obs.timed_out and obs.exit_code == -signal.SIGKILL and stats.errors == 1
+
+
+def test_many_empty_files_count_against_the_disk_limit(mode):
+    """Each file counts at least a block (4 KiB): a flood of empty files is bounded too."""
+    code = "for i in range(20000):\n    open(f'e{i}', 'w').close()\nprint('made them all')"
+    obs, _ = hostile(mode, code, disk_mb=1, timeout=10.0)
+    assert obs.error.startswith("disk limit passed: the call's files took more than 1 MB")
+    assert not obs.timed_out
+    assert "made them all" not in obs.output
+
+
+def test_a_call_past_its_disk_limit_between_two_looks_is_told_so_at_its_end(mode, monkeypatch):
+    """Written and exited before the watch looked again: the directory is measured once more at
+    the end, and the call's error says so (its exit code is its own: nothing was killed)."""
+    monkeypatch.setattr(bounds_module._DiskWatch, "due", lambda self, now: False)  # no look while it runs
+    obs, stats = hostile(mode, "open('a', 'wb').write(b'x' * (3 << 20))\nprint('done')", disk_mb=1)
+    assert obs.error == ("disk limit passed: the call's files took more than 1 MB in its directory; seen "
+                         "when it ended; its files were deleted")
+    assert obs.output == "done\n" and obs.exit_code == 0 and stats.errors == 1
+
+
+def test_a_call_under_its_disk_limit_runs_as_before(mode):
+    obs, _ = hostile(mode, "open('a', 'wb').write(b'x' * (2 << 20))\nprint('ok')", disk_mb=4)
+    assert obs.ok and obs.output == "ok\n"
 
 
 def test_infinite_loop(mode):

@@ -238,8 +238,8 @@ CD3 = json.dumps({"numbers": [3, 5, 7], "target": 15})
     ("<answer>-3+5+7</answer>", json.dumps({"numbers": [3, 5, 7], "target": 9}), 1.0, 0.0),  # unary minus
     ("<answer>3*(7-5.0)</answer>", json.dumps({"numbers": [3, 5, 7, 0], "target": 6}), 1.0, 0.0),  # "5.0"
     ("<answer>(3+5)/7*7</answer>", json.dumps({"numbers": [3, 5, 7, 7], "target": 8}), 1.0, 1.0),  # exact
-    ("<answer>3**2+5-7</answer>", json.dumps({"numbers": [3, 2, 5, 7], "target": 7}), 0.1, 0.0),  # no **
-    ("<answer>(5+7)//3</answer>", json.dumps({"numbers": [5, 7, 3], "target": 4}), 0.1, 0.0),  # no //
+    ("<answer>3**2+5-7</answer>", json.dumps({"numbers": [3, 2, 5, 7], "target": 7}), 1.0, 0.0),  # eval's **
+    ("<answer>(5+7)//3</answer>", json.dumps({"numbers": [5, 7, 3], "target": 4}), 1.0, 0.0),  # eval's //
     ("<answer>7/(5-5)*3</answer>", json.dumps({"numbers": [7, 5, 5, 3], "target": 0}), 0.1, 0.1),  # 1/0
     ("\\boxed{3*5+7-7}", CD3, 0.0, 0.1),  # TinyZero reads <answer> only
     ("3*5 = 15", CD3, 0.0, 0.0),
@@ -320,7 +320,7 @@ def test_local_verifiers_reject_injections_quickly(text):
 
 
 @pytest.mark.parametrize("source, task", [
-    ("gsm8k", "gsm8k"), ("openai/gsm8k", "gsm8k"), ("math", "math"), ("lighteval/MATH", "math"),
+    ("gsm8k", "gsm8k"), ("openai/gsm8k", "verl_gsm8k"), ("math", "math"), ("lighteval/MATH", "math"),
     ("math500", "math"), ("countdown_3to4", "countdown"), ("piecewise", "piecewise"),
     ("arithmetic", "numeric"), ("tiny_math", "numeric"), ("my_data", "numeric"),
 ])
@@ -334,9 +334,10 @@ def test_verifier_precedence():
     custom = verifier_for("gsm8k", RewardConfig(task="math", fn="m:f"))
     assert (custom.task, custom.target, custom.isolated) == ("custom", "m:f", True)
     v = verifier_for("countdown", RewardConfig(countdown_format_score=0.2, timeout=3.0))
-    assert dict(v.options) == {"format_score": 0.2, "rule": "subset"} and not v.isolated
+    assert dict(v.options) == {"format_score": 0.2, "rule": "subset", "template": "qwen-instruct"}
+    assert not v.isolated
     v = verifier_for("countdown", RewardConfig(countdown_rule="tinyzero"))
-    assert dict(v.options) == {"format_score": 0.1, "rule": "tinyzero"}
+    assert dict(v.options) == {"format_score": 0.1, "rule": "tinyzero", "template": "qwen-instruct"}
     batch = verifier_for("gsm8k", RewardConfig(batch_fn="m:scores", isolate_fn=False))
     assert (batch.task, batch.target, batch.isolated, batch.batch) == ("batch", "m:scores", False, True)
 

@@ -27,6 +27,7 @@ class AdvantageInputs:
     rewards: torch.Tensor  # [N] float: each completion's reward (KL in the reward: penalised)
     group: torch.Tensor  # [N] long: the prompt (0..B-1) each completion answers
     std_eps: float = 1e-4  # added to a std before dividing by it (algo.std_eps)
+    std_ddof: int = 1  # grpo's group std divides by n - std_ddof: 1 unbiased, 0 population (algo.std_ddof)
     token_rewards: torch.Tensor | None = None  # [N, T] r_t: -beta KL_t, plus the score at the last token
     values: torch.Tensor | None = None  # [N, T] the critic's V(s_t)
     mask: torch.Tensor | None = None  # [N, T] 1 on a row's tokens, 0 on padding
@@ -42,14 +43,36 @@ def estimate(mode: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
     return ADVANTAGES[mode].fn(inputs)
 
 
-def _group_stats(rewards: torch.Tensor, group: torch.Tensor
+def _group_stats(rewards: torch.Tensor, group: torch.Tensor, ddof: int = 1
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-group count, mean and unbiased std (as torch.std and TRL; 0 for a group of one)."""
+    """Per-group count, mean and std: sqrt(sum (r - mean)^2 / (n - ddof)); ddof 1 the unbiased
+    std (torch.std, TRL; 0 for a group of one), 0 the population std (np.std, ReasonRL, EasyRL)."""
     num_groups = int(group.max().item()) + 1
     count = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, torch.ones_like(rewards))
     mean = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, rewards) / count
     sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group, (rewards - mean[group]) ** 2)
-    return count, mean, (sq / (count - 1).clamp(min=1)).sqrt()
+    return count, mean, (sq / (count - ddof).clamp(min=1)).sqrt()
+
+
+def flat_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose group's rewards are all exactly equal (max == min).
+
+    Such a group carries no signal and its advantage is 0 by definition, but the float32 mean
+    of equal values need not be the value itself: mean([0.1] * 8) is one ulp off 0.1, so
+    r - mean is ~7e-9, the std ~1e-8, and (r - mean) / (std + eps) is -0.935 at eps = 0 and
+    -7.4e-3 at 1e-6. Every group estimator sets these rows to exactly 0 instead of trusting
+    the rounding (exact equality: rewards that differ by an ulp are different rewards; NaN is
+    never flat)."""
+    num_groups = int(group.max().item()) + 1
+    start = torch.zeros(num_groups, dtype=rewards.dtype)
+    high = start.scatter_reduce(0, group, rewards, "amax", include_self=False)
+    low = start.scatter_reduce(0, group, rewards, "amin", include_self=False)
+    return (high == low)[group]
+
+
+def _flat_batch(x: torch.Tensor) -> bool:
+    """Whether every value of `x` is exactly equal (a batch-level estimator's flat case)."""
+    return bool((x.max() == x.min()).item()) if len(x) else True
 
 
 def group_mean_std(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +82,10 @@ def group_mean_std(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Te
 
 
 def _batch_normalise(x: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """(x - mean(x)) / (std(x) + eps) over the whole batch; 0 where the batch is flat."""
+    """(x - mean(x)) / (std(x) + eps) over the whole batch; exactly 0 where the batch is flat
+    (all values equal: their float32 mean may be an ulp off, `flat_groups`)."""
     std = x.std() if len(x) > 1 else torch.zeros((), dtype=x.dtype)
-    if std <= 0:
+    if std <= 0 or _flat_batch(x):
         return torch.zeros_like(x)
     return (x - x.mean()) / (std + std_eps)
 
@@ -70,17 +94,19 @@ def group_advantages(rewards: torch.Tensor, group: torch.Tensor, mode: str,
                      std_eps: float = 1e-4) -> torch.Tensor:
     """Advantage [N] of each completion under group estimator `mode`, from its reward and the
     rewards around it (`estimate` without the record). Std is the unbiased estimate; a group
-    (or batch) whose rewards are all equal gets advantage 0 in every mode but `raw`, also with
-    std_eps = 0 (where 0/0 would be NaN)."""
+    whose rewards are all equal gets advantage exactly 0 in every group mode, whatever std_eps
+    (0 included, where 0/0 would be NaN); the batch modes (`reinforce_baseline`,
+    `reinforce_pp`) give exactly 0 to a batch whose rewards are all equal; `raw` is the
+    reward itself."""
     if needs_critic(mode):
         raise ValueError(f"algo.advantage={mode} needs a critic's values (reasonrl.algo.gae), not groups")
     return estimate(mode, AdvantageInputs(rewards.float(), group, std_eps))[0]
 
 
 def _centred(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """r_i - mean(r_group)."""
+    """r_i - mean(r_group); exactly 0 in a flat group (`flat_groups`)."""
     _, mean, _ = _group_stats(rewards, group)
-    return rewards - mean[group]
+    return torch.where(flat_groups(rewards, group), torch.zeros_like(rewards), rewards - mean[group])
 
 
 @ADVANTAGES.register("raw", needs_groups=False)
@@ -92,10 +118,12 @@ def raw(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 @ADVANTAGES.register("grpo", needs_groups=True)
 def grpo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = (r_i - mean(r_group)) / (std(r_group) + eps): GRPO's group-normalised advantage
-    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2)."""
-    _, mean, std = _group_stats(x.rewards, x.group)
+    (Shao et al. 2024, DeepSeekMath, eq. 3 / sec. 4.1.2). The std's divisor is n - std_ddof
+    (algo.std_ddof: 1 unbiased as TRL, 0 the population std as ReasonRL's np.std)."""
+    _, mean, std = _group_stats(x.rewards, x.group, x.std_ddof)
     std = std[x.group]
-    return torch.where(std > 0, (x.rewards - mean[x.group]) / (std + x.std_eps),
+    informative = (std > 0) & ~flat_groups(x.rewards, x.group)
+    return torch.where(informative, (x.rewards - mean[x.group]) / (std + x.std_eps),
                        torch.zeros_like(x.rewards)), None
 
 
@@ -122,7 +150,8 @@ def rloo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     no other sample: its advantage is 0."""
     count, mean, _ = _group_stats(x.rewards, x.group)
     g = count[x.group]
-    return torch.where(g > 1, (x.rewards - mean[x.group]) * g / (g - 1).clamp(min=1),
+    informative = (g > 1) & ~flat_groups(x.rewards, x.group)
+    return torch.where(informative, (x.rewards - mean[x.group]) * g / (g - 1).clamp(min=1),
                        torch.zeros_like(x.rewards)), None
 
 
@@ -130,7 +159,10 @@ def rloo(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 def reinforce_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """A_i = r_i - mean(r_batch): REINFORCE with the batch's mean reward as the baseline
     (Williams 1992, "Simple Statistical Gradient-Following Algorithms", sec. 4, the
-    reinforcement baseline b); no per-prompt groups needed, no normalisation."""
+    reinforcement baseline b); no per-prompt groups needed, no normalisation. Exactly 0 for a
+    batch whose rewards are all equal."""
+    if _flat_batch(x.rewards):
+        return torch.zeros_like(x.rewards), None
     return x.rewards - x.rewards.mean(), None
 
 
@@ -146,8 +178,13 @@ def reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 @ADVANTAGES.register("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """r_i - mean(r_group), then normalised over the batch as in `reinforce_pp` (REINFORCE++
-    w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`)."""
-    return _batch_normalise(_centred(x.rewards, x.group), x.std_eps), None
+    w/ baseline, same paper; OpenRLHF/verl `reinforce_plus_plus_baseline`). A flat group's
+    centred values are 0 and so is the batch mean of the centred values, in exact arithmetic;
+    its rows get exactly 0 (the float32 batch mean is rounding noise, which the other groups
+    keep as verl's does)."""
+    centred = _centred(x.rewards, x.group)
+    return torch.where(flat_groups(x.rewards, x.group), torch.zeros_like(centred),
+                       _batch_normalise(centred, x.std_eps)), None
 
 
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:

@@ -20,7 +20,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, num_tokens
     `num_tokens`, `num_sequences` and `max_response_length` are fixed for the whole
     optimizer step, not the micro-batch: summing the returned values over micro-batches
     then gives exactly the full-batch value, so the gradient does not depend on the
-    micro-batch size.
+    micro-batch size. `num_sequences` counts the step's rows with at least one valid token
+    (`reasonrl.algo.objective.Totals.of`): an empty row (every token masked) adds 0 to the
+    sum and nothing to the count.
     """
     return LOSS_AGGREGATIONS.get(mode)(per_token * mask, mask.to(per_token.dtype), num_tokens,
                                        num_sequences, max_response_length)
@@ -38,7 +40,10 @@ def token_mean(masked: torch.Tensor, mask: torch.Tensor, num_tokens: float, num_
 def sequence_mean(masked: torch.Tensor, mask: torch.Tensor, num_tokens: float, num_sequences: float,
                   max_response_length: float) -> torch.Tensor:
     """Each sequence's mean over its tokens, then the mean over the step's sequences (the
-    original GRPO objective, Shao et al. 2024 eq. 3)."""
+    original GRPO objective, Shao et al. 2024 eq. 3; verl `seq-mean-token-mean`). A row without
+    valid tokens has mean 0 (no 0/0) and is not one of the step's sequences: `num_sequences`
+    leaves it out, as verl's `agg_loss` does when it counts (`seq_mask = (seq_mask > 0)`)
+    and unlike TRL's `loss_type="grpo"` (a `.mean()` over every row)."""
     per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
     return per_seq.sum() / max(num_sequences, 1.0)
 

@@ -75,7 +75,12 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     """(x - mean) / sqrt(var + eps) over the valid tokens of the whole batch, 0 elsewhere:
     the advantage normalisation of PPO implementations (verl's `masked_whiten`, OpenRLHF's
     advantage normalisation; Engstrom et al. 2020 on its effect). var is the unbiased
-    estimate over the valid tokens."""
+    estimate over the valid tokens. Exactly 0 when every valid value is equal (their float32
+    mean may be an ulp off, which rsqrt(var + eps) would magnify 1e4-fold), as a flat group's
+    advantage (`reasonrl.algo.advantages.flat_groups`)."""
+    valid = x[mask.bool()]
+    if valid.numel() == 0 or bool((valid.max() == valid.min()).item()):
+        return torch.zeros_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
     mask = mask.to(torch.float32)
     count = mask.sum()
     mean = (x * mask).sum() / count.clamp(min=1)

@@ -21,7 +21,7 @@ import torch
 
 from reasonrl.algo.aggregation import aggregate
 from reasonrl.algo.importance import importance_weights
-from reasonrl.algo.kl import kl_estimate
+from reasonrl.algo.kl import kl_clamped, kl_estimate
 from reasonrl.algo.policy_loss import LossSettings
 from reasonrl.algo.value_loss import ValueLossSettings
 from reasonrl.registry import IMPORTANCE_CORRECTIONS, POLICY_LOSSES, VALUE_LOSSES
@@ -46,11 +46,23 @@ class Metric:
 @dataclass(frozen=True)
 class Totals:
     """The normalisers of one optimizer step: its rows' model tokens and sequences (on every
-    rank together), and the generation budget (Dr. GRPO's constant)."""
+    rank together), and the generation budget (Dr. GRPO's constant). `sequences` counts the
+    rows with at least one token in the loss (`of`): an empty row is in no aggregation's
+    denominator, as its tokens are in none of `token`'s."""
 
     tokens: float
     sequences: float
     max_response_length: float = 0.0
+
+    @classmethod
+    def of(cls, row_tokens: list[int], max_response_length: float = 0.0) -> Totals:
+        """The totals of a step whose rows have `row_tokens[i]` tokens in the loss: their sum, and
+        the number of rows with at least one. A row with none (every token masked) adds 0 to a
+        sequence aggregation's sum and is left out of its count too (verl `agg_loss`'s own count,
+        `seq_mask = (loss_mask.sum(-1) > 0)`; TRL's `loss_type="grpo"` counts it: its `.mean()`
+        runs over every row of the batch), so the other rows' weight does not depend on how many
+        rows happened to be empty."""
+        return cls(float(sum(row_tokens)), float(sum(1 for n in row_tokens if n > 0)), max_response_length)
 
 
 def token_share(per_token: torch.Tensor, mask: torch.Tensor, totals: Totals) -> float:
@@ -82,13 +94,19 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     engine log-probs there is no w at all, so the loss is bitwise the uncorrected one); the
     entropy bonus is the classic PPO one (Schulman et al. 2017, eq. 9); the KL term is GRPO's
     (Shao et al. 2024, eq. 3) with `algo.kl_estimator`. train/kl is logged whenever
-    there is a reference, whatever `beta` and `kl_in` are."""
+    there is a reference, whatever `beta` and `kl_in` are.
+
+    `clamped_frac`: the share of the step's tokens whose log-ratio a bound clamped
+    (`reasonrl.algo.bounds`): the policy loss's (every loss reports its `clamped` tokens) or,
+    with the KL term in the loss, a bounded estimator's (k3, k3+). 0 on ordinary batches;
+    above 0, some tokens' ratios exploded and gave no gradient."""
     def agg(per_token: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, s.loss_agg, totals.tokens, totals.sequences,
                          totals.max_response_length)
 
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages[:, : logp.size(1)]
     per_token, stats = POLICY_LOSSES.get(s.policy_loss)(logp, old_logp, adv, mask, s)
+    clamped = stats.pop("clamped")
     metrics: dict[str, Metric] = {}
     if engine_logp is not None:
         diff = (engine_logp - old_logp).abs()
@@ -106,12 +124,14 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         metrics["kl"] = Metric(token_share(kl, mask, totals))
         if s.beta > 0 and s.kl_in == "loss":
             loss = loss + s.beta * agg(kl)
+            clamped = clamped | kl_clamped(logp, ref_logp, s.kl_estimator)
     metrics.update(loss=Metric(loss.item()), pg_loss=Metric(pg_loss.item()))
     if entropy is not None:
         metrics["entropy"] = Metric(token_share(entropy, mask, totals))
     ratio = stats.pop("ratio")
     metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in stats.items()})
-    metrics.update(ratio_mean=Metric(token_share(ratio, mask, totals)), **extremes("ratio", ratio, mask))
+    metrics.update(ratio_mean=Metric(token_share(ratio, mask, totals)), **extremes("ratio", ratio, mask),
+                   clamped_frac=Metric(token_share(clamped, mask, totals)))
     return loss, metrics
 
 

@@ -9,11 +9,15 @@ per completion) or [N, T] (per token, a critic's GAE), `mask` [N, T] 1 on the to
 count, `ctx` the `LossSettings`. `per_token_loss` [N, T] is the negated objective (lower is
 better), aggregated by `algo.loss_agg` afterwards; `stats` are detached per-token diagnostics,
 each logged as its token mean, and always hold `ratio`, the importance ratio pi / pi_old as the
-loss used it (also logged as its max and min). The entropy bonus, the KL term and the
-importance corrections compose around the loss in `reasonrl.algo.objective`.
+loss used it (also logged as its max and min), and `clamped`, the tokens whose log-ratio was
+clamped to its level's bounds (`reasonrl.algo.bounds`; logged as `clamped_frac`). The entropy
+bonus, the KL term and the importance corrections compose around the loss in
+`reasonrl.algo.objective`.
 
 The importance ratio of the ratio-based losses is taken at `algo.ratio_level` (a
-`RATIO_LEVELS` entry): per token, or GSPO's per sequence.
+`RATIO_LEVELS` entry): per token, or GSPO's per sequence, and always through
+`bounded_log_ratio`, which clamps it to the level's bounds (each entry's `bounds`): every loss
+is finite, in value and gradient, at any log-ratio, and unchanged, bitwise, inside the bounds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from reasonrl.algo.bounds import SEQUENCE_BOUNDS, TOKEN_BOUNDS, clamp_log_ratio
 from reasonrl.registry import POLICY_LOSSES, RATIO_LEVELS
 
 
@@ -55,20 +60,29 @@ class LossSettings:
 Stats = dict[str, torch.Tensor]
 
 
+def bounded_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None,
+                      level: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log of the importance ratio pi_theta / pi_old per token [N, T] at `level` (a
+    `RATIO_LEVELS` entry), clamped to the entry's `bounds`; [N, T] bool: where it was clamped).
+    The one place a policy loss's log-ratio is bounded (`reasonrl.algo.bounds`)."""
+    entry = RATIO_LEVELS[level]
+    return clamp_log_ratio(entry.fn(logp, old_logp, mask), entry.info["bounds"])
+
+
 def log_importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None,
                          level: str) -> torch.Tensor:
     """log of the importance ratio pi_theta / pi_old per token [N, T], at `level` (a
-    `RATIO_LEVELS` entry)."""
-    return RATIO_LEVELS.get(level)(logp, old_logp, mask)
+    `RATIO_LEVELS` entry), clamped to its bounds (`bounded_log_ratio`)."""
+    return bounded_log_ratio(logp, old_logp, mask, level)[0]
 
 
-@RATIO_LEVELS.register("token")
+@RATIO_LEVELS.register("token", bounds=TOKEN_BOUNDS)
 def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """log r_t = logp_t - old_logp_t (PPO, Schulman et al. 2017, r_t(theta) of eq. 6; GRPO)."""
     return logp - old_logp
 
 
-@RATIO_LEVELS.register("sequence")
+@RATIO_LEVELS.register("sequence", bounds=SEQUENCE_BOUNDS)
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """GSPO's length-normalised sequence ratio (Zheng et al. 2025, "Group Sequence Policy
     Optimization", arXiv:2507.18071, definition of s_i(theta)):
@@ -76,7 +90,9 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
     geometric mean of the token ratios. It is written in the GSPO-token form
     log s_it = sg[log s_i] + logp_it - sg[logp_it]: the value is s_i at every token and
     d s_it / d logp_it = s_i, so with `sequence` aggregation (mean over the |y_i| tokens) the
-    gradient is exactly d s_i, as in the paper."""
+    gradient is exactly d s_i, as in the paper. Its bounds are GSPO's in verl
+    (`compute_policy_loss_gspo` clamps this log-ratio to at most 10), clamped on the whole
+    expression as there: a clamped completion has no gradient."""
     if mask is None:
         raise ValueError("ratio_level=sequence needs the token mask")
     mask = mask.to(logp.dtype)
@@ -85,9 +101,10 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tenso
 
 
 def ratio_at_level(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
-                   ctx: LossSettings) -> torch.Tensor:
-    """rho [N, T] = exp(`log_importance_ratio` at `ctx.ratio_level`)."""
-    return torch.exp(log_importance_ratio(logp, old_logp, mask, ctx.ratio_level))
+                   ctx: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rho [N, T] = exp(the bounded log-ratio at `ctx.ratio_level`), where it was clamped)."""
+    log_ratio, clamped = bounded_log_ratio(logp, old_logp, mask, ctx.ratio_level)
+    return torch.exp(log_ratio), clamped
 
 
 @POLICY_LOSSES.register("ppo")
@@ -103,8 +120,15 @@ def ppo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, ma
     A < 0 the loss is also capped at -A * clip_ratio_c, so a token whose ratio exploded cannot
     dominate the batch (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
     RL", AAAI, dual-clip PPO; verl's `clip_ratio_c`, default 3). `clip_frac`: tokens whose
-    gradient a clip (either one) removed; `dual_clip_frac`: the dual clip's."""
-    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    gradient a clip (either one) removed; `dual_clip_frac`: the dual clip's.
+
+    A tie, rho = clip_ratio_c exactly (so -A rho = -A c), keeps the surrogate's gradient,
+    -A c grad logp_t, not the cap's 0, and is not counted in `dual_clip_frac`: the cap acts only
+    where it is strictly lower, as PPO's own clip keeps the gradient at rho = 1 + clip_high
+    exactly (torch.clamp passes it at its bounds), so the gradient is continuous from below.
+    verl (`torch.min(pg_losses3, clip_pg_losses1)`) and AReaL (`torch.min(pg_loss, pg_loss3)`)
+    split a tie's gradient in half between the two sides (torch.min's rule for equal inputs)."""
+    ratio, clamped = ratio_at_level(logp, old_logp, mask, ctx)
     unclipped = -advantages * ratio
     clipped_loss = -advantages * torch.clamp(ratio, 1.0 - ctx.clip_low, 1.0 + ctx.clip_high)
     loss = torch.maximum(unclipped, clipped_loss)
@@ -114,7 +138,7 @@ def ppo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, ma
         cap = -advantages * ctx.clip_ratio_c
         dual = (advantages < 0) & (cap < loss)
         loss = torch.where(dual, cap.expand_as(loss), loss)
-    return loss, {"ratio": ratio.detach(), "clip_frac": (clipped | dual).detach(),
+    return loss, {"ratio": ratio.detach(), "clamped": clamped, "clip_frac": (clipped | dual).detach(),
                   "dual_clip_frac": dual.detach()}
 
 
@@ -131,9 +155,10 @@ def cispo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, 
     rare "However", "Wait" tokens the paper names) loses its gradient. The paper bounds only
     the upper side (a large clip_low, e.g. 1, leaves the lower one open). `clip_frac`: tokens
     whose weight the clip changed."""
-    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    ratio, clamped = ratio_at_level(logp, old_logp, mask, ctx)
     weight = torch.clamp(ratio, 1.0 - ctx.clip_low, 1.0 + ctx.clip_high).detach()
-    return -weight * advantages * logp, {"ratio": ratio.detach(), "clip_frac": (ratio != weight).detach()}
+    return -weight * advantages * logp, {"ratio": ratio.detach(), "clamped": clamped,
+                                         "clip_frac": (ratio != weight).detach()}
 
 
 @POLICY_LOSSES.register("gmpo")
@@ -146,12 +171,14 @@ def gmpo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, m
         l_t = sgn(A) * min(sgn(A) * log rho_t, sgn(A) * clip(log rho_t, -clip_low, clip_high))
         loss_i = -A_i * exp(mean_t l_t)        (at every token of completion i)
 
-    with log rho_t = logp_t - old_logp_t (the ratio is per sequence by definition: no
-    `ratio_level`), clip_low / clip_high bounds on the LOG ratio (the paper uses 0.4), and A_i
-    the completion's advantage (a token advantage's mean over the completion). The paper's
-    objective is the mean over completions: `algo.loss_agg=sequence`. `clip_frac`: tokens where
-    the clipped log ratio was the one kept and differed."""
-    log_ratio = logp - old_logp
+    with log rho_t = logp_t - old_logp_t, bounded as a token's (`bounded_log_ratio` at `token`
+    level; verl's `compute_policy_loss_geo_mean` has that clamp commented out, so for A < 0 its
+    ratio overflows once the mean kept log-ratio passes 88.7), the ratio per sequence by
+    definition (no `ratio_level`), clip_low / clip_high bounds on the LOG ratio (the paper uses
+    0.4), and A_i the completion's advantage (a token advantage's mean over the completion).
+    The paper's objective is the mean over completions: `algo.loss_agg=sequence`. `clip_frac`:
+    tokens where the clipped log ratio was the one kept and differed."""
+    log_ratio, clamped = bounded_log_ratio(logp, old_logp, mask, "token")
     sign = torch.sign(advantages)
     bounded = torch.clamp(log_ratio, -ctx.clip_low, ctx.clip_high)
     kept = sign * torch.minimum(sign * log_ratio, sign * bounded)
@@ -160,7 +187,7 @@ def gmpo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, m
     ratio = torch.exp((kept * mask).sum(-1, keepdim=True) / count)  # [N, 1]
     adv = advantages if advantages.size(-1) == 1 else (advantages * mask).sum(-1, keepdim=True) / count
     loss = (-adv * ratio).expand_as(logp)
-    return loss, {"ratio": ratio.detach().expand_as(logp),
+    return loss, {"ratio": ratio.detach().expand_as(logp), "clamped": clamped,
                   "clip_frac": (sign * bounded < sign * log_ratio).detach()}
 
 
@@ -178,7 +205,7 @@ def sapo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, m
     (f' = 4 sigmoid(1 - sigmoid)), by a token's own ratio rather than the whole sequence's.
     The paper aggregates per sequence (`algo.loss_agg=sequence`). `gate_mean`: the token mean
     of f."""
-    ratio = ratio_at_level(logp, old_logp, mask, ctx)
+    ratio, clamped = ratio_at_level(logp, old_logp, mask, ctx)
     tau = torch.where(advantages > 0, ctx.sapo_tau_pos, ctx.sapo_tau_neg).to(ratio.dtype)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    return -gate * advantages, {"ratio": ratio.detach(), "gate_mean": gate.detach()}
+    return -gate * advantages, {"ratio": ratio.detach(), "clamped": clamped, "gate_mean": gate.detach()}

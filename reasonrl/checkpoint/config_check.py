@@ -2,9 +2,11 @@
 checkpoint saves (and `config_hash`, its fingerprint) compared key by key with the resumed
 run's.
 
-A changed key is refused, every one named at once, unless the resume accepts it
-(`trainer.allow_config_change`) or it changes nothing computed (`RESUME_SAFE_KEYS`: neither
-compared nor hashed).
+A changed key is refused, every one named at once, unless it changes nothing computed
+(`RESUME_SAFE_KEYS`: neither compared nor hashed) or the resume accepts it
+(`trainer.allow_config_change`) and it is one a resume can change (`RESUME_CHANGEABLE`): those
+take effect from the first resumed step. Any other key cannot: a resume continues the
+checkpoint's weights, data order, RNG streams and batches in flight, which the old value made.
 """
 
 from __future__ import annotations
@@ -16,14 +18,40 @@ from pathlib import Path
 from reasonrl.errors import ConfigError
 
 # Keys a resumed run may change without asking: they do not change what is computed
-# (where the run lives, how often it evaluates or logs, how many checkpoints it keeps).
+# (where the run lives, how often it evaluates or logs, how many checkpoints it keeps, which
+# Ray instance it starts or joins, how long it waits for Ray's workers).
 # `trainer.steps` is not among them: the LR schedule is laid out over it. Extending a
-# run is `--allow-config-change trainer.steps` (exact only with a constant schedule).
+# run is `--allow-config-change trainer.steps` (the schedule recomputed at the resumed step).
 RESUME_SAFE_KEYS = (
     "trainer.resume", "trainer.allow_config_change", "trainer.progress", "trainer.output_dir",
     "trainer.run_name", "trainer.keep_last", "trainer.max_bad_steps", "trainer.save_every",
     "trainer.eval_every", "trainer.log_samples", "trainer.threads",
+    "placement.address", "placement.num_cpus", "placement.start_timeout", "placement.call_timeout",
 )
+
+
+# Keys a resume can change when `--allow-config-change` lists them, each in force from the first
+# resumed step (tests/test_resume_changes.py changes each one and checks what that step used):
+# what the new value controls. The optimizer's settings are the run's, not the checkpoint's
+# (`reasonrl.policy.learner.Learner.apply_settings`), and the LR schedule is recomputed from the
+# new base LR at the resumed step.
+RESUME_CHANGEABLE = {
+    "optim.lr": "the policy's learning rate (times the schedule's factor at the step)",
+    "optim.weight_decay": "the policy's AdamW weight decay",
+    "optim.betas": "the policy's AdamW betas (the moments kept continue under them)",
+    "optim.eps": "the policy's AdamW epsilon",
+    "optim.max_grad_norm": "the policy's gradient clip",
+    "optim.schedule": "the LR schedule's shape, recomputed at the resumed step",
+    "optim.warmup_ratio": "the LR warm-up, recomputed at the resumed step",
+    "optim.min_lr_ratio": "the cosine schedule's floor, recomputed at the resumed step",
+    "optim.micro_batch_size": "rows per forward/backward (the gradient does not change)",
+    "optim.max_tokens_per_micro_batch": "positions per forward/backward (the gradient does not change)",
+    "trainer.steps": "the run's length; the LR schedule is laid over it, recomputed at the resumed step",
+    "critic.lr": "the critic's learning rate",
+    "critic.weight_decay": "the critic's AdamW weight decay",
+    "critic.max_grad_norm": "the critic's gradient clip",
+    "placement.mode": "where the workers run (the same computation in Ray actors or in this process)",
+}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -65,11 +93,25 @@ def config_changes(saved: dict, current: dict) -> dict[str, tuple[object, object
             and not ((k in a) != (k in b) and version_difference(k, a, b))}
 
 
-def check_config_changes(path: Path, saved: dict, current: dict, allowed: list[str]) -> None:
-    """ConfigError listing every key that changed since the checkpoint at `path` was written,
-    except the keys in `allowed` (`trainer.allow_config_change`)."""
-    refused = {k: v for k, v in config_changes(saved, current).items() if k not in allowed}
+def check_config_changes(path: Path, saved: dict, current: dict,
+                         allowed: list[str]) -> dict[str, tuple[object, object]]:
+    """The changes since the checkpoint at `path` was written (`config_changes`), all of them
+    keys in `allowed` (`trainer.allow_config_change`) and in `RESUME_CHANGEABLE`. A ConfigError
+    otherwise: first every changed key a resume cannot change, allowed or not; then every
+    changeable key that is not allowed."""
+    changes = config_changes(saved, current)
+    fixed = {k: v for k, v in changes.items() if k not in RESUME_CHANGEABLE}
+    if fixed:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
+        raise ConfigError(f"resuming {path}: {listed}: {'these keys' if len(fixed) > 1 else 'this key'} "
+                          f"cannot change on resume, even with --allow-config-change (the checkpoint's "
+                          f"weights, data order, RNG streams and batches in flight continue from the old "
+                          f"value). A resume can change: {', '.join(RESUME_CHANGEABLE)}. Resume with the "
+                          f"run's own value, or start a new run (model.path={path}/huggingface starts "
+                          f"from its weights)")
+    refused = {k: v for k, v in changes.items() if k not in allowed}
     if refused:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
         raise ConfigError(f"resuming {path}: the config changed ({listed}). Resume with the run's own "
                           f"config, or accept the change with --allow-config-change {','.join(refused)}")
+    return changes

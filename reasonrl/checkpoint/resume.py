@@ -61,11 +61,28 @@ def find_resume_point(run_dir: Path, named: Path | None,
                      f"(expected {run_dir}/checkpoints/step_N/{STATE_FILE})")
 
 
-def truncate_log(path: Path, offset: int) -> None:
-    """Cut a JSONL log back to `offset` bytes: lines of steps after the checkpoint go."""
-    if path.exists():
-        size = path.stat().st_size
+def check_logs(run_dir: Path, offsets: dict[str, int], checkpoint: Path | None = None) -> None:
+    """Before a resume changes anything: every log of `offsets` ({file name: its size when the
+    checkpoint was written}) is at least that long. A shorter one lost lines the checkpoint
+    counts on (cut or replaced since): a `CheckpointError` naming both sizes and the two ways
+    on (restore the file, or move it aside: a missing log is started afresh after the resumed
+    step, `truncate_log`)."""
+    for name, offset in offsets.items():
+        path = Path(run_dir) / name
+        size = path.stat().st_size if path.exists() else offset
         if size < offset:
-            raise ValueError(f"{path} is shorter ({size} bytes) than at the checkpoint ({offset})")
+            at = f"checkpoint {checkpoint} was" if checkpoint is not None else "the checkpoint was"
+            raise CheckpointError(
+                f"cannot resume: {path} is shorter ({size} bytes) than when {at} written ({offset} bytes), "
+                f"so some of its lines up to that step are gone (the file was cut or replaced since). "
+                f"Restore it from a copy, or move it aside (mv {path} {path}.old) to resume with a {name} "
+                f"that starts after that step")
+
+
+def truncate_log(path: Path, offset: int) -> None:
+    """Cut a JSONL log back to `offset` bytes: lines of steps after the checkpoint go (a missing
+    log stays missing: it starts afresh). Shorter than `offset`: `check_logs`' error."""
+    if path.exists():
+        check_logs(path.parent, {path.name: offset})
         with open(path, "r+b") as fh:
             fh.truncate(offset)

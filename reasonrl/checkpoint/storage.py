@@ -53,8 +53,9 @@ def _size(n: int | None) -> str:
 
 
 def _existing(path: Path) -> Path:
+    """The nearest folder of `path` that exists (`path` itself if it is one)."""
     path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
+    while not path.is_dir() and path != path.parent:
         path = path.parent
     return path
 

@@ -6,7 +6,10 @@ Unknown keys are refused naming the nearest one, and values of the wrong type, o
 range or not among the allowed values, naming the key's full path (e.g. `trainer.stepz`) and
 what is allowed, so a typo never surfaces an hour into a run. Every number is finite: a NaN or
 an infinity (YAML `.nan`, `.inf`) is refused in any float key, list item or mapping value,
-with the key's range.
+with the key's range. A file is read as UTF-8 (bytes that are not: an error naming the line,
+column and byte), a key given twice in one mapping is an error naming both lines (YAML
+parsers keep the last one silently; a `<<` merge key's values may be overridden, as YAML
+means), and invalid YAML is reported on one line as file:line:column.
 """
 
 from __future__ import annotations
@@ -37,6 +40,73 @@ _YamlLoader.add_implicit_resolver(
     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _duplicate_key(node: yaml.Node, path: str = "") -> tuple[int, str] | None:
+    """(line, "key K given twice [in section S] (first on line M)") for the first mapping key of
+    `node`'s tree that repeats within its mapping, else None."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:
+            if key.tag == _MERGE or not isinstance(key, yaml.ScalarNode):
+                continue
+            line = key.start_mark.line + 1
+            first = seen.get((key.tag, key.value))
+            if first is not None:
+                where = f" in section {path}" if path else ""
+                return line, f"key {key.value!r} given twice{where} (first on line {first})"
+            seen[key.tag, key.value] = line
+        children = [(f"{path}.{k.value}" if path else str(k.value), v) for k, v in node.value
+                    if isinstance(k, yaml.ScalarNode)]
+    elif isinstance(node, yaml.SequenceNode):
+        children = [(f"{path}[{i}]", item) for i, item in enumerate(node.value)]
+    else:
+        return None
+    for child_path, child in children:
+        if (found := _duplicate_key(child, child_path)) is not None:
+            return found
+    return None
+
+
+def _parse_yaml(text: str, source: str, invalid: str = "invalid YAML") -> Any:
+    """`text` as YAML (`_YamlLoader`); ConfigError naming `source` for invalid YAML (on one line:
+    `invalid`, the line and column, the parser's words) and for a key given twice in one
+    mapping (source:line)."""
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicate = _duplicate_key(node)
+        if duplicate is not None:
+            line, what = duplicate
+            at = source if source.startswith("override") else f"{source}:{line}"  # an override is one line
+            raise ConfigError(f"{at}: {what}; YAML would keep the last one silently: keep one")
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        words = "; ".join(w for w in (err.context, err.problem) if w) or " ".join(str(err).split())
+        raise ConfigError(f"{source}: {invalid}{at}: {words}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: {invalid}: {' '.join(str(err).split())}") from None
+    finally:
+        loader.dispose()
+
+
+def _utf8(raw: bytes, path: Path) -> str:
+    """A config file's bytes as text; ConfigError naming the line, column and byte that are not
+    UTF-8. A leading byte-order mark is dropped."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start:err.start + 1].hex()} at "
+                          f"column {column}); a config file must be UTF-8: convert it, e.g. with "
+                          f"`iconv -f <its encoding> -t utf-8`") from None
 
 
 def _coerce(value: Any, tp: Any, path: str, meta: Any = None) -> Any:
@@ -191,10 +261,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.load(raw, Loader=_YamlLoader) if raw != "" else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {text!r}: cannot parse value: {err}") from err
+    value = _parse_yaml(raw, f"override {text!r}", "cannot parse value") if raw != "" else ""
     return key.strip(), value
 
 
@@ -225,9 +292,10 @@ def _read_yaml(path: Path, depth: int = 0) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        tree = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror or err}") from None
+    tree = _parse_yaml(_utf8(raw, path), str(path)) or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     base = tree.pop("include", None)

@@ -130,6 +130,16 @@ def optim_rules(cfg: Config) -> None:
     need(len(o.betas) == 2, f"optim.betas: expected two numbers, got {o.betas}")
     need(o.mini_batches <= t.batch_size, f"optim.mini_batches: {o.mini_batches} is more than "
          f"trainer.batch_size={t.batch_size} completions")
+    decay_rule("optim", o.lr, o.weight_decay)
+
+
+def decay_rule(section: str, lr: float, weight_decay: float) -> None:
+    """AdamW scales each weight by 1 - lr x weight_decay a step (decoupled weight decay,
+    Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2): at 1 or more
+    the weights flip sign or grow each step until they are no longer finite."""
+    need(lr * weight_decay < 1, f"{section}.weight_decay: {weight_decay:g} x {section}.lr={lr:g} = "
+         f"{lr * weight_decay:g}, must be below 1 (AdamW scales each weight by 1 - lr x weight_decay a "
+         f"step; weight decay is usually 0 to 0.1)")
 
 
 def eval_rules(cfg: Config) -> None:
@@ -145,6 +155,7 @@ def critic_rules(cfg: Config) -> None:
     """The critic's settings (critic.*, placement.critic.*) only with an estimator that has one."""
     a, pl = cfg.algo, cfg.placement
     if needs_critic(a.advantage):
+        decay_rule("critic", cfg.critic.lr, cfg.critic.weight_decay)
         return
     changed = [f"critic.{f.name}" for f in dataclasses.fields(CriticConfig)
                if getattr(cfg.critic, f.name) != getattr(CriticConfig(), f.name)]

@@ -23,6 +23,7 @@ from reasonrl.registry import (
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    MATH_SCORING,
     PIECEWISE_SCORING,
     POLICY_LOSSES,
     RATIO_LEVELS,
@@ -198,6 +199,7 @@ class EnvConfig:
     workers: int = param(8, ge=1)  # environment steps that run at once
     tool_timeout: float = param(10.0, gt=0)  # seconds per tool call (wall clock); then its processes die
     tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
+    tool_disk_mb: int = param(64, ge=1)  # what a python tool call's directory may take on disk
     sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
 
 
@@ -216,9 +218,18 @@ class RewardConfig:
     # countdown scoring (COUNTDOWN_SCORING): subset = each number at most once, format_score for a
     # well-formed wrong equation; tinyzero = each number exactly once, format_score for any answer
     countdown_rule: str = param("subset", choices=COUNTDOWN_SCORING)
+    # countdown_rule=tinyzero: the prompt's end TinyZero reads with the response (rewards/tinyzero.py):
+    # qwen-instruct = "<|im_start|>assistant" (ChatML chat templates); base = TinyZero's "Assistant:" frame
+    tinyzero_template: Literal["qwen-instruct", "base"] = "qwen-instruct"
+    # verl_gsm8k (data_source openai/gsm8k): verl's extract_solution method; strict = the last "#### N"
+    # of the last 300 characters (verl's default), flexible = the last number there
+    verl_gsm8k_method: Literal["strict", "flexible"] = "strict"
     # piecewise scoring (PIECEWISE_SCORING): partial_credit = reasonrl's checked equations;
     # transparent_grpo = Transparent GRPO's regex credits (the canonical problem only)
     piecewise_rule: str = param("partial_credit", choices=PIECEWISE_SCORING)
+    # math scoring (MATH_SCORING): extracted = reasonrl's (\boxed{} > <answer> > last number, then
+    # math-verify); reason_rl / easyrl / trl = those systems' own math-verify rewards, as written there
+    math_rule: str = param("extracted", choices=MATH_SCORING)
     # custom batch reward for `correct`, "module:function": called once per rollout batch with all
     # completions, ground truths, group indices and extra_infos (README, "Custom rewards")
     batch_fn: str = ""
@@ -233,6 +244,7 @@ class AlgoConfig:
     # formulas, sources and how the keys combine: docs/algorithms.md
     advantage: str = param("grpo", choices=ADVANTAGES)
     std_eps: float = param(1e-4, ge=0)
+    std_ddof: int = param(1, ge=0, le=1)  # the std's divisor n - ddof: 1 = unbiased (torch, TRL), 0 = np.std
     policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # ppo (clipped surrogate) | cispo | gmpo | sapo
     clip_low: float = param(0.2, ge=0)
     clip_high: float = param(0.2, ge=0)
@@ -266,7 +278,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = param(1e-5, ge=0)
+    lr: float = param(1e-5, ge=0, le=1)  # AdamW moves each weight by up to ~lr a step: > 1 only diverges
     weight_decay: float = param(0.0, ge=0)
     betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
     eps: float = param(1e-8, ge=0)
@@ -298,7 +310,7 @@ class CriticConfig:
     a scalar head (zero-initialised), trained by the clipped value loss (docs/algorithms.md)."""
 
     path: str = ""  # "" = start from the policy's model (model.path); or another HF model folder
-    lr: float = param(1e-5, gt=0)
+    lr: float = param(1e-5, gt=0, le=1)
     weight_decay: float = param(0.0, ge=0)
     max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping
     value_loss: str = param("clipped", choices=VALUE_LOSSES)  # the critic's loss (VALUE_LOSSES)

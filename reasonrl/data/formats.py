@@ -13,7 +13,8 @@ records to a file.
   truth `{"numbers", "target"}`.
 
 Each converter names the record (`where`) and the field that is wrong, and lists the fields the
-record has.
+record has. Each entry registers the `fields` it reads, so a record in the wrong layout is told
+which `data.format` fits it (`format_mismatch`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _prompt(question: str, instruction: str, template: str = "") -> str:
     return f"{question.strip()}\n{instruction}" if instruction else question.strip()
 
 
-@DATA_FORMATS.register("gsm8k", instruction=GSM8K_INSTRUCTION)
+@DATA_FORMATS.register("gsm8k", instruction=GSM8K_INSTRUCTION, fields=("question", "answer"))
 def gsm8k_record(raw: object, where: str, index: int, instruction: str = GSM8K_INSTRUCTION,
                  template: str = "") -> dict:
     """GSM8K's `{"question", "answer"}` -> a training record."""
@@ -78,7 +79,7 @@ def gsm8k_record(raw: object, where: str, index: int, instruction: str = GSM8K_I
             "extra_info": {"index": index, "question": question, "solution": answer}}
 
 
-@DATA_FORMATS.register("math", instruction=MATH_INSTRUCTION)
+@DATA_FORMATS.register("math", instruction=MATH_INSTRUCTION, fields=("problem", "solution"))
 def math_record(raw: object, where: str, index: int, instruction: str = MATH_INSTRUCTION, template: str = "",
                 data_source: str = "math") -> dict:
     """MATH-style `{"problem", "solution", "answer"?}` -> a training record."""
@@ -96,7 +97,7 @@ def math_record(raw: object, where: str, index: int, instruction: str = MATH_INS
             "data_source": data_source, "extra_info": extra}
 
 
-@DATA_FORMATS.register("numina", instruction=MATH_INSTRUCTION)
+@DATA_FORMATS.register("numina", instruction=MATH_INSTRUCTION, fields=("problem", "solution"))
 def numina_record(raw: object, where: str, index: int, instruction: str = MATH_INSTRUCTION,
                   template: str = "") -> dict:
     """NuminaMath's `{"problem", "solution", "messages"?}` (answer boxed in the solution) -> a
@@ -116,7 +117,7 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@DATA_FORMATS.register("countdown", instruction="")
+@DATA_FORMATS.register("countdown", instruction="", fields=("target", "nums"))
 def countdown_record(raw: object, where: str, index: int, instruction: str = "", template: str = "") -> dict:
     """TinyZero's `{"target": 98, "nums": [44, 19, 35]}` -> a training record with TinyZero's
     question, ground truth `{"numbers": nums, "target": target}` and data_source "countdown" (as
@@ -133,3 +134,42 @@ def countdown_record(raw: object, where: str, index: int, instruction: str = "",
     truth = json.dumps({"numbers": nums, "target": target}, sort_keys=True)
     return {"prompt": TINYZERO_COUNTDOWN.format(numbers=nums, target=target), "ground_truth": truth,
             "data_source": "countdown", "extra_info": {"index": index, "numbers": nums, "target": target}}
+
+
+def fitting_formats(record: dict) -> list[str]:
+    """The `data.format` values whose fields `record` has, in the registry's order; "" (no
+    format) when it is already in reasonrl's own layout: `prompt` or `messages`, and
+    `ground_truth` or verl's `reward_model.ground_truth` (what `reasonrl data prepare` writes)."""
+    fits = [e.name for e in DATA_FORMATS if all(k in record for k in e.info["fields"])]
+    truth = "ground_truth" in record or isinstance(record.get("reward_model"), dict) and \
+        "ground_truth" in record["reward_model"]
+    if ("prompt" in record or "messages" in record) and truth:
+        fits.insert(0, "")
+    return fits
+
+
+def format_hint(record: dict) -> str:
+    """The fix for a record that the chosen layout cannot read: the `data.format=...` overrides
+    that would fit it (from its keys), or, when none does, `data.fields`."""
+    fits = fitting_formats(record)
+    if not fits:
+        known = "; ".join(f"{e.name}: {', '.join(e.info['fields'])}" for e in DATA_FORMATS)
+        return (f"no known layout fits it (reasonrl's: prompt, ground_truth; {known}): name its fields "
+                "with data.fields, e.g. data.fields={prompt: question, ground_truth: answer}")
+    named = [f"data.format={f}" if f else "data.format= (empty: reasonrl's own layout, as `reasonrl data "
+             "prepare` writes it)" for f in fits]
+    return f"it fits {' or '.join(named)}: add that override to the command"
+
+
+def format_mismatch(record: object, where: str, fmt: str) -> str | None:
+    """None when `record` has the fields `data.format=fmt` reads; else the one-line error: the
+    record (file:line), the missing field, the fields it has, and the fix (`format_hint`)."""
+    if not isinstance(record, dict):
+        return None  # the converter says what is wrong with it
+    fields = DATA_FORMATS[fmt].info["fields"]
+    missing = [k for k in fields if k not in record]
+    if not missing:
+        return None
+    has = ", ".join(sorted(record)) or "no fields"
+    return (f"{where}: missing field '{missing[0]}' for data.format={fmt} (it reads {', '.join(fields)}); "
+            f"the record has {has}; {format_hint(record)}")

@@ -102,6 +102,9 @@ def check_options(task: str, given: dict[str, object]) -> None:
         flags = ", ".join(f"--{k}" for k in unused)
         allowed = ", ".join(f"--{k}" for k in sorted(uses)) or "none"
         raise ConfigError(f"data prepare {task}: {flags} not used when {what} (it uses {allowed})")
+    negative = [f"--{k} {given[k]}" for k in ("limit", "skip", "size") if (given.get(k) or 0) < 0]
+    if negative:
+        raise ConfigError(f"data prepare {task}: {', '.join(negative)}: must be >= 0")
     if given.get("template") not in (None, *TEMPLATES):
         raise ConfigError(f"data prepare {task}: --template {given['template']!r}; allowed: r1_zero")
     if given.get("template") and given.get("instruction") is not None:
@@ -126,6 +129,17 @@ def prepare(task: str, output: str | Path, input_path: str | Path | None = None,
     else:
         records = prepare_piecewise(size, seed)
     if not records:
-        raise DataError(f"{input_path}: no records")
+        raise DataError(_nothing_to_write(task, input_path, skip, size))
     write_records(records, output)
     return len(records)
+
+
+def _nothing_to_write(task: str, input_path: str | Path | None, skip: int, size: int) -> str:
+    """Why a preparation has no record to write: an empty input, a --skip past its end, --size 0."""
+    if input_path is None:
+        return f"data prepare {task}: --size {size}: no records to write"
+    total = sum(1 for _ in iter_records(input_path))
+    if total == 0:
+        return f"{input_path}: no records to write: the input holds none"
+    return (f"{input_path}: no records to write: the input has {total} records and --skip {skip} "
+            f"passed them all (records are counted from 0)")

@@ -9,7 +9,9 @@ Sources, chosen by the path:
   `datasets` too (`load_dataset("parquet" | "csv" | "arrow", ...)`, `load_from_disk`); rows
   numbered from 1;
 - `*.jsonl` (and any other file): one JSON object per line, read here, because this reader is
-  what names the line of a malformed record (`file:line`) — `datasets` reports neither;
+  what names the line of a malformed record (`file:line`) — `datasets` reports neither; a line
+  longer than `MAX_LINE_BYTES` is refused as it is read, naming the field it was in when the
+  bound was passed, so one enormous line never has to be held whole;
 - `*.json` (an array of objects, or one object) and any other folder (every `*.json` below it,
   sorted: the official MATH layout, one problem per file): read here for the same reason, and
   because `datasets` would build one dataset per file for a folder of 7,500 one-problem files.
@@ -43,11 +45,72 @@ def _not_utf8(where: str, err: UnicodeDecodeError, column: int, offset: int) -> 
                      "`iconv -f <its encoding> -t utf-8`")
 
 
+# The longest JSONL line read (bytes): far above any record a run can train on (a prompt is held
+# to data.max_prompt_tokens, `files.prompt_byte_limit`), and what a line costs to hold while it is
+# parsed (the bytes, their text and the record: about 3x) stays a few hundred MB.
+MAX_LINE_BYTES = 64 << 20
+
+_STRUCTURE = re.compile(rb'["{}\[\],]')
+
+
+def _field_at_end(prefix: bytes) -> str:
+    """The field a JSON record cut short at the end of `prefix` was in there, as a dotted path
+    (`prompt`, `messages[2].content`, `extra_info.tests[0]`), or "" at the top level: the
+    containers still open and, in each object, the last key seen."""
+    path: list[list] = []  # per open container: ["obj", key or None, expecting a key] | ["arr", index]
+    pos = 0
+    while (m := _STRUCTURE.search(prefix, pos)) is not None:
+        char, pos = prefix[m.start():m.start() + 1], m.start() + 1
+        if char == b'"':
+            end = pos
+            while True:  # the closing quote: one not escaped by an odd run of backslashes
+                end = prefix.find(b'"', end)
+                if end < 0:
+                    break
+                start = end
+                while start > pos and prefix[start - 1] == 0x5C:  # the backslashes just before it
+                    start -= 1
+                if (end - start) % 2 == 0:
+                    break
+                end += 1
+            if end < 0:  # the string runs past the end: a key being read, or the value of the key last seen
+                break
+            if path and path[-1][0] == "obj" and path[-1][2]:
+                path[-1][1], path[-1][2] = prefix[pos:end][:200].decode("utf-8", "replace"), False
+            pos = end + 1
+        elif char in b"{[":
+            path.append(["obj", None, True] if char == b"{" else ["arr", 0])
+        elif char in b"}]":
+            if path:
+                path.pop()
+        elif path:  # a comma: the next key, or the next item
+            if path[-1][0] == "obj":
+                path[-1][2] = True
+            else:
+                path[-1][1] += 1
+    field = ""
+    for entry in path:
+        if entry[0] == "arr":
+            field += f"[{entry[1]}]"
+        elif entry[1] is not None:
+            field += f".{entry[1]}" if field else entry[1]
+    return field
+
+
+def _too_long(where: str, prefix: bytes, limit: int) -> DataError:
+    field = _field_at_end(prefix)
+    what = f"field '{field}' passes" if field else "it passes"
+    return DataError(f"{where}: line longer than {limit:,} bytes ({what} that bound); refused before it is "
+                     f"read whole. A record that long cannot be trained on: shorten or drop it")
+
+
 def _jsonl(path: Path) -> Iterator[tuple[str, object]]:
-    offset = 0  # of the line in the file, in bytes
+    offset, max_line_bytes = 0, MAX_LINE_BYTES  # offset: of the line in the file, in bytes
     with path.open("rb") as f:  # decoded line by line: a bad byte is reported with its line
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
             where = f"{path}:{lineno}"
+            if len(raw) - raw.endswith(b"\n") > max_line_bytes:  # read no further than the bound (+ 1 byte)
+                raise _too_long(where, raw, max_line_bytes)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -133,19 +196,29 @@ def hub_records(repo_id: str, subset: str = "", split: str = "train") -> Iterato
     """The records of a Hub dataset's `subset` and `split` (slicing such as `test[:5%]` allowed)
     through `datasets.load_dataset`; a missing dataset, subset or split is a DataError naming it
     (and, where `datasets` says, what exists)."""
+    from reasonrl.cache import hub_unreachable
+
     datasets = _datasets()
     origin = f"{repo_id}[{subset + '/' if subset else ''}{split}]"
     local = f"no local file or folder {Path(repo_id).resolve()} either"
+    offline = datasets.config.HF_HUB_OFFLINE
+    unreachable = None if offline else hub_unreachable()  # then the cache alone, as HF_HUB_OFFLINE=1
     try:
+        datasets.config.HF_HUB_OFFLINE = offline or unreachable is not None
         dataset = datasets.load_dataset(repo_id, subset or None, split=split)
     except ConnectionError as err:  # offline and not in the cache
-        raise DataError(f"{origin}: not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and the "
-                        f"Hub cannot be reached ({err}); load it once online with the same HF_HOME, or "
-                        f"give a local file ({local})") from None
+        hub = "not asked, HF_HUB_OFFLINE is set" if offline else unreachable or f"no answer ({err})"
+        way = "" if offline else "; without network, set HF_HUB_OFFLINE=1 to go to the cache at once"
+        raise DataError(f"{origin}: not found; tried (1) a local file or folder {Path(repo_id).resolve()}: "
+                        f"none there; (2) the datasets cache {datasets.config.HF_DATASETS_CACHE}: not in it; "
+                        f"(3) the Hub: {hub}. Load it once online with the same HF_HOME, or give a local "
+                        f"file (a path that exists is read as a file, never as a Hub id){way}") from None
     except datasets.exceptions.DatasetNotFoundError as err:
         raise DataError(f"{origin}: no such dataset on the Hugging Face Hub ({err}), and {local}") from None
     except ValueError as err:  # an unknown split or subset: datasets lists the ones that exist
         raise DataError(f"{origin}: {err}") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
     if isinstance(dataset, dict):  # a DatasetDict: the split name was not one split
         raise DataError(f"{origin}: give one split (data.*_split), e.g. {', '.join(dataset)}")
     yield from _rows(dataset, origin)

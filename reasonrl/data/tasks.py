@@ -34,9 +34,18 @@ def calculator(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]
 @DATA_TASKS.register("file", generated=False)
 def files(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """data.train_path / data.val_path: JSONL, JSON, Parquet, CSV, `datasets` folders, Hub ids"""
-    held_out = (load_files(cfg.val_path, cfg.fields, cfg.val_subset, cfg.val_split, cfg.format)
+    budget = prompt_budget(cfg)
+    held_out = (load_files(cfg.val_path, cfg.fields, cfg.val_subset, cfg.val_split, cfg.format, budget)
                 if cfg.val_path else [])
-    return load_files(cfg.train_path, cfg.fields, cfg.train_subset, cfg.train_split, cfg.format), held_out
+    return (load_files(cfg.train_path, cfg.fields, cfg.train_subset, cfg.train_split, cfg.format, budget),
+            held_out)
+
+
+def prompt_budget(cfg: DataConfig) -> int:
+    """The prompt length a file's records are held to as they are read (`files.prompt_byte_limit`):
+    data.max_prompt_tokens, or 0 (none) under data.truncate_prompts=left, which cuts long prompts
+    to their last tokens instead of refusing them."""
+    return cfg.max_prompt_tokens if cfg.truncate_prompts == "error" else 0
 
 
 DATA_TASKS.register("jsonl", generated=False, doc="the same as file")(files)

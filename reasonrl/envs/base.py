@@ -31,6 +31,7 @@ from reasonrl.batch import Example, Rollouts, Scores
 from reasonrl.config import EnvConfig
 from reasonrl.errors import ConfigError
 from reasonrl.registry import ENVIRONMENTS
+from reasonrl.rewards.scoring import MAX_ABS_REWARD
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ def as_step(value: Any) -> EnvStep:
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
                                or not math.isfinite(reward)):
         raise BadStep(f"the reward is {reward!r}; expected a finite number or None")
+    if reward is not None and abs(reward) > MAX_ABS_REWARD:  # as a reward function's (rewards/scoring.py)
+        raise BadStep(f"the reward is {reward!r}, beyond +-{MAX_ABS_REWARD:g}, the most float32 training "
+                      f"takes safely; scale it down")
     if not isinstance(value.done, bool):
         raise BadStep(f"done is {value.done!r}; expected True or False")
     return value

@@ -11,19 +11,22 @@ sooner only through `env.max_turns`.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from reasonrl.batch import Example
 from reasonrl.config import EnvConfig
 from reasonrl.envs.base import EnvStep
 from reasonrl.errors import ConfigError
 from reasonrl.registry import ENVIRONMENTS
 from reasonrl.rewards.extract import extract_answer
-from reasonrl.rewards.numeric import numbers_equal, parse_number
+from reasonrl.rewards.numeric import numbers_equal, parse_exact
 
 TOO_HIGH, TOO_LOW, NO_NUMBER = "Too high.", "Too low.", "Answer with a number."
 
 
-def feedback(answer: float | None, target: float) -> str | None:
-    """The environment's word on `answer` for `target`: None when it is right (numbers_equal)."""
+def feedback(answer: float | Fraction | None, target: float | Fraction) -> str | None:
+    """The environment's word on `answer` for `target`: None when it is right (numbers_equal:
+    exactly equal)."""
     if answer is None:
         return NO_NUMBER
     if numbers_equal(answer, target):
@@ -40,16 +43,16 @@ class FeedbackEnvironment:
         if observation_format not in ("tagged", "chat"):
             raise ConfigError(f"env.observation_format: {observation_format!r}; allowed: tagged, chat")
         self.observation_format = observation_format
-        self.target: float | None = None
+        self.target: Fraction | None = None
 
     def reset(self, example: Example) -> None:
         """The target is the example's ground truth, a number (ValueError otherwise)."""
-        self.target = parse_number(example.ground_truth)
+        self.target = parse_exact(example.ground_truth)
         if self.target is None:
             raise ValueError(f"env.name=feedback needs a numeric ground truth, got {example.ground_truth!r}")
 
     def step(self, turn: str) -> EnvStep:
-        word = feedback(parse_number(extract_answer(turn)[0] or ""), self.target)
+        word = feedback(parse_exact(extract_answer(turn)[0] or ""), self.target)
         if word is None:
             return EnvStep(done=True)
         if self.observation_format == "chat":

@@ -134,5 +134,6 @@ def check_tools(cfg: EnvConfig) -> None:
                                    "is its answer", check=check_tools)
 def tool_environment(cfg: EnvConfig) -> ToolEnvironment:
     """A tool environment with the `env` section's tools, formats and tool limits."""
-    limits = Limits(timeout=cfg.tool_timeout, memory_mb=cfg.tool_memory_mb, sandbox=cfg.sandbox)
+    limits = Limits(timeout=cfg.tool_timeout, memory_mb=cfg.tool_memory_mb, disk_mb=cfg.tool_disk_mb,
+                    sandbox=cfg.sandbox)
     return ToolEnvironment(cfg.tools, cfg.call_format, cfg.observation_format, limits)

@@ -5,7 +5,7 @@
     loop.py     EvalSettings from the config's `eval` section, and `evaluate`: generate,
                 score, read answers, measure entropy, through the worker protocols
 
-The commands that build workers for it are in `reasonrl.eval_command`, above placement.
+The commands that build workers for it are in `reasonrl.commands` (`evaluation.py`), above placement.
 """
 
 from reasonrl.evaluate.loop import EvalSettings, Evaluation, eval_settings, evaluate, record_plan

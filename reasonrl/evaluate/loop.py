@@ -5,7 +5,7 @@ Settings: the config's `eval` section is the one form a user writes (`reasonrl e
 options fill the same section); `eval_settings` resolves it into the `EvalSettings` the loop
 reads, and `EvalSettings.sampling` is what the rollout worker is asked for. The loop needs
 only the worker protocols (`RolloutWorkerAPI.rollout`, `PolicyWorkerAPI.row_entropies`):
-building the workers is the command's job (`reasonrl.eval_command`).
+building the workers is the command's job (`reasonrl.commands.evaluation`).
 """
 
 from __future__ import annotations
@@ -109,16 +109,20 @@ class Evaluation:
 
 
 def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[Example],
-             settings: EvalSettings, reward_cfg) -> Evaluation:
+             settings: EvalSettings, reward_cfg, desc: str = "eval", leave: bool = True) -> Evaluation:
     """The evaluation of reasonrl, used by the trainer's held-out eval and by `reasonrl eval`
     and `probe` alike, so that the two can never disagree: `settings.n` samples per prompt
     (or the record's own, `record_plan`) through the rollout worker (`settings.batch_size`
     sequences per call, prompts with the same n together), scored with the training reward
     code, answers extracted by the task's rule, and (with `settings.entropy`) the policy's
-    per-token entropy over the generated tokens. Results are in the order of `examples`."""
-    from tqdm.auto import tqdm
+    per-token entropy over the generated tokens. Results are in the order of `examples`.
 
+    With `settings.progress`, the console's bar (`tracking.progress_bar`, titled `desc`; `leave`
+    False: erased when done) counts samples done of the total, says which batch is at which
+    stage (generating, scoring, entropy) and keeps its elapsed time moving while a batch
+    generates (`tracking.ticking`)."""
     from reasonrl.rewards import score_examples, verifier_for
+    from reasonrl.tracking import progress_bar, ticking
 
     plan = record_plan(examples, settings)
     entropy_temperature = 1.0 if settings.greedy else settings.temperature
@@ -126,25 +130,31 @@ def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[
     by_n: dict[int, list[int]] = {}
     for i, (n, _) in enumerate(plan):
         by_n.setdefault(n, []).append(i)
+    calls: list[tuple[int, list[int]]] = []  # (n, the prompts of one generate call), in order
+    for n, indices in by_n.items():
+        per_call = max(1, settings.batch_size // n)
+        calls += [(n, indices[start: start + per_call]) for start in range(0, len(indices), per_call)]
     results: list[PromptResult | None] = [None] * len(examples)
     prompts: list[dict | None] = [None] * len(examples)
     times = {"generate_s": 0.0, "reward_s": 0.0, "entropy_s": 0.0}
-    bar = tqdm(total=sum(n for n, _ in plan), desc="generate", unit="sample", disable=not settings.progress)
+    bar = progress_bar(sum(n for n, _ in plan), desc, "sample", enabled=settings.progress, leave=leave)
     try:
-        for n, indices in by_n.items():
-            sampling = settings.sampling(n)
-            per_call = max(1, settings.batch_size // n)
-            for start in range(0, len(indices), per_call):
-                chunk = indices[start: start + per_call]
+        with ticking(bar):
+            for call, (n, chunk) in enumerate(calls, start=1):
+                sampling = settings.sampling(n)
+                batch = f"batch {call}/{len(calls)}"
+                bar.set_postfix_str(f"{batch}: generating {len(chunk) * n}")
                 t = time.perf_counter()
                 rollouts = rollout.rollout([examples[i] for i in chunk], sampling)
                 times["generate_s"] += time.perf_counter() - t
+                bar.set_postfix_str(f"{batch}: scoring")
                 t = time.perf_counter()
                 scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True,
                                         groups=rollouts.group.tolist())
                 times["reward_s"] += time.perf_counter() - t
                 entropies = None
                 if settings.entropy:
+                    bar.set_postfix_str(f"{batch}: entropy")
                     t = time.perf_counter()
                     entropies = policy.row_entropies(rollouts.prompt_ids, rollouts.completion_ids,
                                                      entropy_temperature)
@@ -157,6 +167,7 @@ def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[
                     result.ks = plan[i][1]
                     results[i], prompts[i] = result, _prompt_record(example, rollouts, rows, result)
                 bar.update(len(rollouts))
+            bar.set_postfix_str("done")
     finally:
         bar.close()
     return Evaluation(results, prompts, times)

@@ -28,10 +28,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i)
 
     the probability that a random k-subset of the n samples holds at least one correct one.
-    The product never forms the huge binomials. pass@1 = c / n.
+    The product never forms the huge binomials. pass@1 = c / n, returned as that quotient (the
+    product's roundings would make it differ from the share of right samples in the last bits).
     """
     if not 1 <= k <= n or not 0 <= c <= n:
         raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if k == 1:
+        return c / n
     if n - c < k:  # every k-subset holds a correct sample
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
@@ -89,14 +92,26 @@ class PromptResult:
     tool_errors: list[int] = field(default_factory=list)
 
 
+def mean_share_correct(results: Sequence[PromptResult]) -> float:
+    """The mean over prompts of each prompt's share of right samples, c_i / n_i: `accuracy` and
+    pass@1 alike (Chen et al. 2021 average pass@k over problems, so a prompt with more samples,
+    a record's `extra_info.n`, counts once). With every n_i equal it is sum(c) / sum(n), the
+    share of right samples, computed as that one quotient (exact to the last bit)."""
+    if len({len(r.correct) for r in results}) == 1:
+        return sum(sum(r.correct) for r in results) / sum(len(r.correct) for r in results)
+    return float(np.mean([sum(r.correct) / len(r.correct) for r in results]))
+
+
 def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, float]:
     """Metrics of a set of prompts; prompt i has n_i samples (the same n for all unless records
     ask for their own, `extra_info.n` / `extra_info.pass@k`).
 
-    - accuracy: share of samples whose `correct` is full marks (= pass@1 when every n_i is equal).
+    - accuracy: `mean_share_correct`, the mean over prompts of each prompt's share of samples
+      whose `correct` is full marks (the share of right samples when every n_i is equal); the
+      same number as pass@1 when every prompt reports it.
     - reward_mean: mean total reward over all samples.
     - pass@k: mean of `pass_at_k(n_i, c_i, k)` over the prompts that report k (those whose `ks`
-      hold it, or with empty `ks` those of `ks` up to n_i); pass@1 = mean share of correct samples.
+      hold it, or with empty `ks` those of `ks` up to n_i); pass@1 = `mean_share_correct` of them.
     - majority_accuracy: share of prompts whose `majority_vote` answer is right (maj@n).
     - entropy_mean: mean per-token entropy over all generated tokens (token-weighted, nats).
     - response_length_mean / _p95: completion tokens per sample; p95 by numpy's linear
@@ -116,12 +131,12 @@ def summarize(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str, f
     rewards = [x for r in results for x in r.rewards]
     lengths = [x for r in results for x in r.lengths]
     metrics = {"num_prompts": float(len(results)), "num_samples": float(len(rewards)),
-               "accuracy": float(np.mean([c for r in results for c in r.correct])),
+               "accuracy": mean_share_correct(results),
                "reward_mean": float(np.mean(rewards))}
     for k in sorted({k for ks_i in reported for k in ks_i}):
-        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(len(r.rewards), sum(r.correct), k)
-                                              for r, ks_i in zip(results, reported, strict=True)
-                                              if k in ks_i]))
+        rs = [r for r, ks_i in zip(results, reported, strict=True) if k in ks_i]
+        metrics[f"pass@{k}"] = mean_share_correct(rs) if k == 1 else float(np.mean(
+            [pass_at_k(len(r.rewards), sum(r.correct), k) for r in rs]))
     metrics["majority_accuracy"] = float(np.mean([majority_vote(r.answers, r.correct)[1] for r in results]))
     if all(r.entropy_sums for r in results):
         tokens = sum(lengths)
@@ -171,27 +186,40 @@ def eval_metrics(results: Sequence[PromptResult], ks: Sequence[int]) -> dict[str
 def probe_metrics(results: Sequence[PromptResult]) -> dict[str, float]:
     """What GRPO's learning signal depends on, over prompts with n samples each.
 
-    - accuracy: share of samples whose `correct` is full marks;
+    - accuracy: `mean_share_correct` (the share of samples whose `correct` is full marks);
     - reward_variance: mean over prompts of the population variance (divide by n) of the
       prompt's total rewards (0/1 rewards with a share p right: p (1 - p), at most 0.25);
     - zero_variance_frac: share of prompts whose rewards are all equal (variance <=
-      ZERO_VARIANCE_TOL): their group advantages are all 0, so they teach nothing;
-      all_correct_frac / all_wrong_frac split off the prompts where every / no sample is right;
+      ZERO_VARIANCE_TOL): their group advantages are all 0, so they teach nothing. It splits
+      into zero_variance_all_correct_frac + zero_variance_all_wrong_frac (every / no sample
+      right) + zero_variance_other_frac (equal rewards over right and wrong samples, as other
+      reward components can make them);
+    - all_correct_frac / all_wrong_frac: prompts where every / no sample is right, whatever
+      their rewards (a format component can make an all-wrong prompt's rewards differ, so
+      all_wrong_frac may exceed zero_variance_all_wrong_frac);
     - entropy_mean: as in `summarize`;
     - multi-turn episodes: `episode_summary` (the share of samples that call a tool, ...).
     """
     if not results:
         return {}
     variances = [float(np.var(r.rewards)) for r in results]
+    flat = [v <= ZERO_VARIANCE_TOL for v in variances]
+    every = [all(r.correct) for r in results]
+    none = [not any(r.correct) for r in results]
+    count = len(results)
     metrics = {
-        "num_prompts": float(len(results)),
+        "num_prompts": float(count),
         "samples_per_prompt": float(len(results[0].rewards)),
-        "accuracy": float(np.mean([x for r in results for x in r.correct])),
+        "accuracy": mean_share_correct(results),
         "reward_mean": float(np.mean([x for r in results for x in r.rewards])),
         "reward_variance": float(np.mean(variances)),
-        "zero_variance_frac": float(np.mean([v <= ZERO_VARIANCE_TOL for v in variances])),
-        "all_correct_frac": float(np.mean([all(r.correct) for r in results])),
-        "all_wrong_frac": float(np.mean([not any(r.correct) for r in results])),
+        "zero_variance_frac": sum(flat) / count,
+        "zero_variance_all_correct_frac": sum(f and e for f, e in zip(flat, every, strict=True)) / count,
+        "zero_variance_all_wrong_frac": sum(f and w for f, w in zip(flat, none, strict=True)) / count,
+        "zero_variance_other_frac": sum(f and not e and not w
+                                        for f, e, w in zip(flat, every, none, strict=True)) / count,
+        "all_correct_frac": sum(every) / count,
+        "all_wrong_frac": sum(none) / count,
     }
     if all(r.entropy_sums for r in results):
         tokens = sum(sum(r.lengths) for r in results)
@@ -214,9 +242,10 @@ class ProbeThresholds:
 
 @dataclass
 class Verdict:
-    status: str  # too_hard | too_easy | low_variance | low_entropy | high_entropy | fine
+    status: str  # too_hard | too_easy | low_variance | fine
     suggestion: str
     checks: dict[str, bool]  # accuracy / variance / entropy: inside its range?
+    notes: list[str] = field(default_factory=list)  # what is worth knowing but decides nothing
 
 
 def probe_verdict(accuracy: float, variance: float, entropy: float | None,
@@ -227,28 +256,35 @@ def probe_verdict(accuracy: float, variance: float, entropy: float | None,
     2. accuracy > max_accuracy -> too_easy: harder data;
     3. variance <= min_variance -> low_variance: prompts are all right or all wrong; keep
        the ones the model sometimes solves, or sample more per prompt;
-    4. entropy < min_entropy -> low_entropy: raise the temperature;
-    5. entropy > max_entropy -> high_entropy: lower the temperature or SFT first;
-    6. otherwise fine. Bounds are inclusive (accuracy 0.10 and 0.80 pass); entropy None
-       (not measured) passes.
+    4. otherwise fine. Bounds are inclusive (accuracy 0.10 and 0.80 pass).
+
+    Accuracy and the reward variance measure GRPO's signal itself (a group's advantages are
+    its rewards' differences); entropy does not decide: an entropy outside its range is a
+    note. Too low an entropy shows as low variance already (samples that barely differ score
+    alike), and a high one is what a small model has at T = 1 on tasks it learns (SmolLM2-135M
+    on arithmetic: 1.67 nats/token at accuracy 0.17 and variance 0.12, trained 0.20 -> 0.82 in
+    20 steps; docs/evaluation.md), nowhere near random sampling (ln of the vocabulary's size,
+    10.8 nats for its 49,152 tokens). entropy None (not measured): no note.
     """
     checks = {
         "accuracy": th.min_accuracy <= accuracy <= th.max_accuracy,
         "variance": variance > th.min_variance,
         "entropy": entropy is None or th.min_entropy <= entropy <= th.max_entropy,
     }
+    notes = []
+    if entropy is not None and entropy < th.min_entropy:
+        notes.append(f"entropy {entropy:.3f} nats/token is below {th.min_entropy:g}: the samples barely "
+                     "differ; if the variance is low too, raise rollout.temperature")
+    elif entropy is not None and entropy > th.max_entropy:
+        notes.append(f"entropy {entropy:.3f} nats/token is above {th.max_entropy:g}, usual for a small model "
+                     "at T = 1; it decides nothing while accuracy and variance are in range")
     if accuracy < th.min_accuracy:
         return Verdict("too_hard", "SFT first (or easier data): too few samples earn reward, so "
-                       "most groups have no reward difference for GRPO to learn from", checks)
+                       "most groups have no reward difference for GRPO to learn from", checks, notes)
     if accuracy > th.max_accuracy:
         return Verdict("too_easy", "use harder data: most samples are already right, so most "
-                       "groups have no reward difference for GRPO to learn from", checks)
+                       "groups have no reward difference for GRPO to learn from", checks, notes)
     if not checks["variance"]:
         return Verdict("low_variance", "prompts are mostly all right or all wrong: keep the prompts the "
-                       "model sometimes solves (or raise rollout.n / rollout.temperature)", checks)
-    if entropy is not None and entropy < th.min_entropy:
-        return Verdict("low_entropy", "the samples barely differ: raise rollout.temperature", checks)
-    if entropy is not None and entropy > th.max_entropy:
-        return Verdict("high_entropy", "the samples are close to random: lower rollout.temperature, "
-                       "or SFT first", checks)
-    return Verdict("fine", "fine: train with RL as is", checks)
+                       "model sometimes solves (or raise rollout.n / rollout.temperature)", checks, notes)
+    return Verdict("fine", "fine: train with RL as is", checks, notes)

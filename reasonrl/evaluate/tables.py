@@ -119,24 +119,36 @@ def probe_report(results: Sequence[PromptResult], record: dict,
 
 
 def format_verdict(report: dict) -> str:
-    """The probe's verdict with each check, its value and its range."""
+    """The probe's verdict with each check, its value and its range, and its notes. The
+    zero-variance prompts are split into their parts (all right + all wrong + other, which
+    add up), and the prompts with no / every sample right are a line of their own when other
+    reward components make them differ from those parts."""
     m, v = report["overall"], report["verdict"]
     th = v["thresholds"]
     ok = {True: "ok", False: "OUT"}
     entropy = m.get("entropy_mean")
+    zero = (f"zero-variance prompts {m['zero_variance_frac']:.2f} (all right "
+            f"{m['zero_variance_all_correct_frac']:.2f} + all wrong {m['zero_variance_all_wrong_frac']:.2f}")
+    zero += (f" + equal rewards over right and wrong samples {m['zero_variance_other_frac']:.2f})"
+             if m["zero_variance_other_frac"] else ")")
     lines = [
         f"accuracy        {m['accuracy']:.3f}  (want {th['min_accuracy']:.2f}-{th['max_accuracy']:.2f})"
         f"  {ok[v['checks']['accuracy']]}",
         f"reward variance {m['reward_variance']:.3f}  (want > {th['min_variance']:.2f})"
         f"  {ok[v['checks']['variance']]}",
-        f"zero-variance prompts {m['zero_variance_frac']:.2f} (all right {m['all_correct_frac']:.2f}, "
-        f"all wrong {m['all_wrong_frac']:.2f})",
-        f"entropy         {'-' if entropy is None else f'{entropy:.3f}'}  "
-        f"(want {th['min_entropy']:.2f}-{th['max_entropy']:.2f})  {ok[v['checks']['entropy']]}",
-        f"verdict: {v['status']}: {v['suggestion']}",
+        zero,
     ]
+    if (m["all_correct_frac"], m["all_wrong_frac"]) != (m["zero_variance_all_correct_frac"],
+                                                        m["zero_variance_all_wrong_frac"]):
+        lines.append(f"no sample right in {m['all_wrong_frac']:.2f} of the prompts, every sample right in "
+                     f"{m['all_correct_frac']:.2f} (some of them with rewards that differ through other "
+                     "components: reward.weights)")
+    lines.append(f"entropy         {'-' if entropy is None else f'{entropy:.3f}'}  "
+                 f"(usual {th['min_entropy']:.2f}-{th['max_entropy']:.2f}; a note, not a check)")
     if "turns_mean" in m:  # multi-turn episodes
-        lines.insert(-1, f"episodes        {m['turns_mean']:.2f} turns; tool calls in "
-                         f"{m['tool_call_share']:.2f} of samples ({m['tool_calls_mean']:.2f} each), "
-                         f"{m['tool_error_rate']:.2f} of them failed")
+        lines.append(f"episodes        {m['turns_mean']:.2f} turns; tool calls in "
+                     f"{m['tool_call_share']:.2f} of samples ({m['tool_calls_mean']:.2f} each), "
+                     f"{m['tool_error_rate']:.2f} of them failed")
+    lines += [f"note: {note}" for note in v.get("notes", [])]
+    lines.append(f"verdict: {v['status']}: {v['suggestion']}")
     return "\n".join(lines)

@@ -61,9 +61,12 @@ def model_positions(path: str, revision: str = "") -> tuple[int, str] | None:
     if not Path(path).expanduser().exists() and HUB_ID.match(path):
         from huggingface_hub import constants, hf_hub_download
 
+        from reasonrl.cache import hub_unreachable
+
+        offline = constants.HF_HUB_OFFLINE or hub_unreachable() is not None  # no retries without network
         try:
             config_file = Path(hf_hub_download(path, "config.json", revision=revision or None,
-                                               local_files_only=constants.HF_HUB_OFFLINE))
+                                               local_files_only=offline))
         except Exception:  # offline, missing, private: the model's own load reports it
             return None
     else:

@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -149,31 +150,61 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 
 
+def hub_places(repo_id: str, revision: str, hub: str, cache_checked: bool = True) -> str:
+    """Every place a Hub id was looked for, numbered, for the error that none had it: the local
+    folder of that name, the Hugging Face cache (when it was looked in), and the Hub with what
+    it answered (`hub`)."""
+    from huggingface_hub import constants
+
+    at = f" at revision {revision}" if revision else ""
+    places = [f"a local folder {Path(repo_id).expanduser().resolve()}: none there"]
+    if cache_checked:
+        places.append(f"the Hugging Face cache {constants.HF_HUB_CACHE}: {repo_id}{at} is not in it")
+    places.append(f"the Hub {constants.ENDPOINT}/{repo_id}: {hub}")
+    return "; ".join(f"({i}) {place}" for i, place in enumerate(places, start=1))
+
+
 def resolve_hub_model(repo_id: str, revision: str = "") -> Path:
     """The local snapshot folder of a Hub model, through `huggingface_hub` and its cache: the
     user's `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE` and token are honoured as they are, and
-    a model already in the cache is used from there (never copied). Offline and not cached:
-    a `ModelLoadError` naming the id and the command that fetches it."""
+    a model already in the cache is used from there (never copied). When the Hub cannot be
+    reached (`cache.hub_unreachable`, one try of a few seconds) the cache alone is asked, as with
+    HF_HUB_OFFLINE=1, instead of huggingface_hub's retries. Not found: a `ModelLoadError` naming
+    every place tried and the ways on (the fetch command, a local path, HF_HUB_OFFLINE=1)."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+    from reasonrl.cache import hub_unreachable
+
     at = f" at revision {revision}" if revision else ""
-    local = f"no local folder {Path(repo_id).expanduser().resolve()} either"
+    offline = constants.HF_HUB_OFFLINE
+    unreachable = None if offline else hub_unreachable()
+    local = (f"give a local folder as model.path=./{repo_id} or model.path=/absolute/path (a path that "
+             "exists is read as a folder, never as a Hub id)")
     try:
-        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HUB_FILES,
-                                      local_files_only=constants.HF_HUB_OFFLINE))
-    except LocalEntryNotFoundError:
-        offline = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub cannot be reached"
+        found = Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HUB_FILES,
+                                       local_files_only=offline or unreachable is not None))
+    except LocalEntryNotFoundError as err:
+        if offline:
+            hub = "not asked, HF_HUB_OFFLINE is set"
+        else:
+            hub = unreachable or f"no answer ({err.__cause__ or err})"
+        way = "" if offline else "; without network, set HF_HUB_OFFLINE=1 to go to the cache at once"
         fetch = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
-        raise ModelLoadError(f"model.path={repo_id}{at}: not in the Hugging Face cache "
-                             f"({constants.HF_HUB_CACHE}) and {offline}; fetch it once with `{fetch}` "
-                             "on a machine with internet (same HF_HOME), or give a local folder "
-                             f"({local})") from None
+        raise ModelLoadError(f"model.path={repo_id}{at}: not found; tried "
+                             f"{hub_places(repo_id, revision, hub)}. Fetch it once with `{fetch}` on a "
+                             f"machine with internet (same HF_HOME), or {local}{way}") from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(f"model.path={repo_id}: no such model on the Hugging Face Hub (or it is "
-                             f"private: log in with `hf auth login`), and {local}") from None
+        hub = "no such model (or it is private: log in with `hf auth login`)"
+        raise ModelLoadError(f"model.path={repo_id}: not found; tried "
+                             f"{hub_places(repo_id, revision, hub, cache_checked=False)}. Check the id, or "
+                             f"{local}") from None
     except RevisionNotFoundError:
         raise ModelLoadError(f"model.revision={revision}: {repo_id} has no such revision") from None
+    if unreachable is not None:
+        print(f"[reasonrl] {unreachable}: model.path={repo_id}{at} from the Hugging Face cache ({found})",
+              file=sys.stderr, flush=True)
+    return found
 
 
 def resolve_model_dir(path: str | None, revision: str = "") -> Path:

@@ -164,7 +164,7 @@ class PolicyWorker:
                         else self.reference_logprobs(prompt_ids, completion_ids))
 
         def update(idx: list[int]) -> dict[str, Metric]:
-            totals = Totals(float(sum(model_tokens[i] for i in idx)), float(len(idx)), max_len)
+            totals = Totals.of([model_tokens[i] for i in idx], max_len)
             objective = functools.partial(self.objective, totals, advantages[idx], pick(old_logp, idx),
                                           pick(ref_logp, idx), pick(engine_logp, idx))
             return self.learner.update(pick(prompt_ids, idx), pick(completion_ids, idx),

@@ -19,7 +19,7 @@ One module per job, each using only those above it:
 """
 
 from reasonrl.report.command import default_output, report_after_training, write_report
-from reasonrl.report.load import Run, load_run
+from reasonrl.report.load import Run, eval_description, load_run
 from reasonrl.report.page import _samples_html, render_html
 from reasonrl.report.plots import (
     CRITIC_PLOTS,
@@ -29,6 +29,7 @@ from reasonrl.report.plots import (
     draw_plot,
     draw_staleness,
     draw_time,
+    plot_title,
     stage_seconds,
     staleness_histogram,
 )
@@ -43,7 +44,7 @@ from reasonrl.report.tables import (
 
 __all__ = [
     "CRITIC_PLOTS", "PLOTS", "STAGES", "Plot", "Run", "_samples_html", "async_numbers", "async_rows",
-    "config_differences", "default_output", "draw_plot", "draw_staleness", "draw_time", "eval_table",
-    "load_run", "render_html", "report_after_training", "sample_steps", "staleness_histogram",
-    "stage_seconds", "summary_rows", "write_report",
+    "config_differences", "default_output", "draw_plot", "draw_staleness", "draw_time", "eval_description",
+    "eval_table", "load_run", "plot_title", "render_html", "report_after_training", "sample_steps",
+    "staleness_histogram", "stage_seconds", "summary_rows", "write_report",
 ]

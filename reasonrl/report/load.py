@@ -45,6 +45,32 @@ class Run:
         return {k for m in self.metrics.values() for k in m}
 
 
+def eval_description(config: dict) -> str:
+    """The held-out evaluation's settings in words, from a run's resolved config (the `eval`
+    section the trainer's eval reads; keys a config lacks take the schema's defaults):
+    "greedy, 1 sample per prompt, up to 16 new tokens" or "4 samples per prompt at T=0.6,
+    top-p 0.95, top-k 20, up to 1024 new tokens". A record's own `extra_info.n` is not in the
+    config and is not described."""
+    from reasonrl.config import EvalConfig, RolloutConfig
+
+    def section(name: str) -> dict:
+        value = config.get(name) if isinstance(config, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    ev, defaults = section("eval"), EvalConfig()
+    n, temperature = ev.get("n", defaults.n), ev.get("temperature", defaults.temperature)
+    top_p, top_k = ev.get("top_p", defaults.top_p), ev.get("top_k", defaults.top_k)
+    tokens = ev.get("max_new_tokens", defaults.max_new_tokens) or section("rollout").get(
+        "max_new_tokens", RolloutConfig().max_new_tokens)
+    samples = f"{n} sample{'s' if n != 1 else ''} per prompt"
+    if not temperature:
+        return f"greedy, {samples}, up to {tokens} new tokens"
+    parts = [f"{samples} at T={temperature:g}"]
+    parts += [f"top-p {top_p:g}"] if top_p < 1 else []
+    parts += [f"top-k {top_k}"] if top_k else []
+    return ", ".join([*parts, f"up to {tokens} new tokens"])
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     rows, bad = [], 0
     if not path.exists():

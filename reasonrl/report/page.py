@@ -21,6 +21,7 @@ from reasonrl.report.plots import (
     draw_staleness,
     draw_time,
     plot_series,
+    plot_title,
     staleness_histogram,
 )
 from reasonrl.report.tables import async_rows, config_differences, eval_table, fmt, sample_steps, summary_rows
@@ -63,16 +64,17 @@ def _e(value: object) -> str:
 def _plot_figure(plot: Plot, runs: list[Run]) -> str:
     image = draw_plot(plot, runs)
     keys = [k for k, _ in plot_series(plot, runs)]
+    title = plot_title(plot, runs)[0]
     attrs = f'class="plot" id="plot-{plot.id}" data-metrics="{_e(",".join(keys))}"'
     if image is None:
         hint = f"<small>{_e(plot.hint)}</small>" if plot.hint else ""
-        return (f'<figure {attrs} data-logged="false"><div class="not-logged"><b>{_e(plot.title)}</b>'
+        return (f'<figure {attrs} data-logged="false"><div class="not-logged"><b>{_e(title)}</b>'
                 f'<span>not logged</span>{hint}</div><figcaption>{_e(", ".join(keys))}: '
                 f'not in metrics.jsonl</figcaption></figure>')
     absent = [run.name for run in runs if not any(run.has(k) for k in keys)]
     note = f"; not logged in {_e(', '.join(absent))}" if absent else ""
     note += f" &middot; {_e(plot.note)}" if plot.note else ""
-    return (f'<figure {attrs} data-logged="true"><img alt="{_e(plot.title)}" '
+    return (f'<figure {attrs} data-logged="true"><img alt="{_e(title)}" '
             f'src="data:image/png;base64,{image}"><figcaption>{_e(", ".join(keys))}{note}'
             f'</figcaption></figure>')
 

@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from reasonrl.report.load import Run
+from reasonrl.report.load import Run, eval_description
 
 
 @dataclass
@@ -31,15 +31,16 @@ class Plot:
     sci: bool = False  # scientific tick labels (learning rate)
     extra_prefix: str = field(default="")  # also plot every `<prefix>*/<suffix>` metric (per source)
     note: str = ""  # how to read the plot, under it
+    eval_settings: bool = False  # the title says how the held-out eval sampled (`eval_description`)
 
 
 PLOTS = [
     Plot("reward", "Training reward", [("reward/mean", "mean reward"),
                                        ("reward/accuracy", "accuracy (full marks)")],
          band="reward/std", smooth=True),
-    Plot("eval_accuracy", "Held-out accuracy (greedy)", [("eval/accuracy", "accuracy")],
+    Plot("eval_accuracy", "Held-out accuracy", [("eval/accuracy", "accuracy")],
          unit_interval=True, hint="no held-out set (data.val_path / val_size)",
-         extra_prefix="eval/"),
+         extra_prefix="eval/", eval_settings=True),
     Plot("response_length", "Response length (tokens)", [("rollout/response_length_mean", "mean"),
                                                          ("rollout/response_length_max", "max")]),
     Plot("truncated", "Truncated at max_new_tokens", [("rollout/truncated_frac", "fraction")],
@@ -128,6 +129,18 @@ def plot_series(plot: Plot, runs: list[Run]) -> list[tuple[str, str]]:
     return series
 
 
+def plot_title(plot: Plot, runs: list[Run]) -> tuple[str, dict[str, str]]:
+    """(the plot's title, a legend suffix per run name). A held-out plot says how its eval
+    sampled (`eval_description` of the run's config): in the title when the runs agree, else
+    after each run's legend entries."""
+    if not plot.eval_settings or not runs:
+        return plot.title, {}
+    described = {run.name: eval_description(run.config) for run in runs}
+    if len(set(described.values())) == 1:
+        return f"{plot.title} ({next(iter(described.values()))})", {}
+    return f"{plot.title} (eval settings differ by run)", {k: f" ({v})" for k, v in described.items()}
+
+
 def draw_plot(plot: Plot, runs: list[Run]) -> str | None:
     """A base64 PNG, or None when no run logged any of the plot's metrics."""
     from matplotlib.ticker import MaxNLocator
@@ -137,6 +150,7 @@ def draw_plot(plot: Plot, runs: list[Run]) -> str | None:
         return None
     fig, ax = _figure()
     many = len(runs) > 1
+    title, settings = plot_title(plot, runs)
     for r, run in enumerate(runs):
         for s, (key, label) in enumerate(series):
             steps, values = run.series(key)
@@ -144,7 +158,7 @@ def draw_plot(plot: Plot, runs: list[Run]) -> str | None:
                 continue
             color = COLORS[(r if many else s) % len(COLORS)]
             style = STYLES[s % len(STYLES)] if many else "-"
-            name = _label(f"{run.name}: {label}" if many else label)
+            name = _label(f"{run.name}: {label}" if many else label) + settings.get(run.name, "")
             marker = "o" if len(steps) <= 30 else None
             faint = plot.smooth and s == 0 and len(steps) >= 10
             ax.plot(steps, values, style, color=color, marker=marker, markersize=3,
@@ -168,7 +182,7 @@ def draw_plot(plot: Plot, runs: list[Run]) -> str | None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if plot.ylabel:
         ax.set_ylabel(plot.ylabel)
-    ax.set_title(plot.title, fontsize=11)
+    ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
     if many:  # a legend per run and series: below the plot, not over the curves
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)

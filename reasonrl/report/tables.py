@@ -56,7 +56,8 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
         ("held-out accuracy (first eval &rarr; last eval)",
          f"{fmt(evals[1][0])} &rarr; {fmt(evals[1][-1])} (steps {evals[0][0]} &rarr; {evals[0][-1]})"
          if evals[0] else "not logged"),
-        (f"reward/mean (first {n} &rarr; last {n} steps)", _first_last(run, "reward/mean", n)),
+        (f"reward/mean (first {n} &rarr; last {n} step{'s' if n != 1 else ''})",
+         _first_last(run, "reward/mean", n)),
         (f"reward/accuracy (first {n} &rarr; last {n})", _first_last(run, "reward/accuracy", n)),
         (f"response length mean (first {n} &rarr; last {n})",
          _first_last(run, "rollout/response_length_mean", n)),

@@ -4,6 +4,8 @@
     verifiers.py   which verifier scores `correct` for a sample, and the start-up ground-truth check
     components.py  the `reward.weights` names (format checks; `correct` is the verifier's score)
     numeric.py, gsm8k.py, math_equiv.py, countdown.py, piecewise.py   the task verifiers
+    tinyzero.py    TinyZero's Countdown score (countdown_rule=tinyzero), computed without eval
+    math_rules.py  other systems' math rewards as written there (reward.math_rule)
     extract.py, format.py, arithmetic.py   answer extraction, format rules, safe arithmetic
     pool.py, worker.py   isolated reward calls in worker processes with hard timeouts
     failures.py    reward failures a user can see

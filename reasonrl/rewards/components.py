@@ -15,6 +15,7 @@ from reasonrl.rewards.format import (
     paired_tags_format_reward,
     r1_zero_format_reward,
     think_answer_format_reward,
+    trl_grpo_format_reward,
 )
 from reasonrl.rewards.numeric import numeric_reward
 
@@ -37,6 +38,13 @@ def paired_tags_format(completion: str, ground_truth: str, fallback_last_number:
     """trl_GRPO's format: <think> and <answer> tags in pairs, any order: 0, 0.5, or 1 with a
     \\boxed{} in the answer"""
     return paired_tags_format_reward(completion)
+
+
+@REWARD_COMPONENTS.register("format_trl_grpo")
+def trl_grpo_format(completion: str, ground_truth: str, fallback_last_number: bool = True) -> float:
+    """trl_GRPO's format reward as written there: <think>...</think> and <answer>...</answer>
+    found (case-sensitive): 0.5, 1.0 with \\boxed{ ... } in the first answer, else 0"""
+    return trl_grpo_format_reward(completion)
 
 
 @REWARD_COMPONENTS.register("format_r1_zero")

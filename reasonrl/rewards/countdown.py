@@ -2,26 +2,28 @@
 
 The ground truth is JSON text, `{"numbers": [3, 5, 7], "target": 24}` (what `reasonrl data
 prepare countdown` writes; verl's countdown `ground_truth` object loads as the same text).
-The equation is the last `<answer>` (else `\\boxed{}`) content; a trailing `= 24` is ignored.
-It is parsed with Python's `ast` and walked, never evaluated: only integer literals, the four
-binary operators and parentheses are allowed, so `__import__('os')` or `9**9**9` is simply
-not an equation; arithmetic is exact (fractions).
 
 Two scoring rules (`reward.countdown_rule`, the `COUNTDOWN_SCORING` registry):
 
-- `subset` (the default): 1.0 if valid (each given number at most once) and equal to the
-  target, `format_score` (verl's 0.1) if the answer holds a well-formed equation that is wrong
-  (other numbers, another value), 0.0 if it holds none (no answer, prose, or anything outside
-  the grammar, such as an injection attempt).
-- `tinyzero`: TinyZero's `compute_score`: every given number exactly once; `format_score` for
-  any `<answer>` that is present but not a correct equation, prose included; 0.0 without one.
+- `subset` (the default, reasonrl's own rule): the equation is the last `<answer>` (any case;
+  else `\\boxed{}`) content, a trailing `= 24` ignored. It is parsed with Python's `ast` and
+  walked, never evaluated: only integer literals, the four binary operators and parentheses are
+  allowed, at most 200 characters, so `__import__('os')` or `9**9**9` is simply not an
+  equation; arithmetic is exact (fractions). 1.0 if valid (each given number at most once) and
+  equal to the target, `format_score` (verl's 0.1) if the answer holds a well-formed equation
+  that is wrong (other numbers, another value), 0.0 if it holds none (no answer, prose, or
+  anything outside the grammar, such as an injection attempt).
+- `tinyzero`: TinyZero's `compute_score`, on every input (`reasonrl.rewards.tinyzero`): the last
+  line's last case-sensitive `<answer>` of the text after the first "Assistant:" (the prompt's
+  share named by `reward.tinyzero_template`); every given number exactly once; Python's value of
+  the expression, `**` and `//` included, within 1e-5 of the target; `format_score` for any
+  answer present but not a hit, prose included; 0.0 without one.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import re
 from collections import Counter
 from fractions import Fraction
 
@@ -30,6 +32,7 @@ from reasonrl.registry import COUNTDOWN_SCORING, VERIFIERS
 from reasonrl.rewards.arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic, parse_arithmetic
 from reasonrl.rewards.extract import extract_answer_tag, extract_boxed
 from reasonrl.rewards.numeric import canonical_answer
+from reasonrl.rewards.tinyzero import tinyzero_score
 
 MAX_EQUATION_CHARS = 200  # bounds the parse and the walk: nothing longer is a sane equation
 _RULES = ArithmeticRules(max_chars=MAX_EQUATION_CHARS)  # integers, binary + - * /, parentheses
@@ -105,36 +108,14 @@ def subset_rule(completion: str, target: int, numbers: list[int], format_score: 
             "equals_target": float(hit)}
 
 
-# TinyZero's characters (digits, + - * /, parentheses, `.`, whitespace), unary signs included
-_TINYZERO_RULES = ArithmeticRules(max_chars=MAX_EQUATION_CHARS, decimals=True, unary=True)
-_TINYZERO_TOLERANCE = Fraction(1, 10**5)  # TinyZero: abs(result - target) < 1e-5
-_DIGIT_RUNS_RE = re.compile(r"\d+")
-
-
-@COUNTDOWN_SCORING.register("tinyzero")
-def tinyzero_rule(completion: str, target: int, numbers: list[int], format_score: float) -> dict[str, float]:
+@COUNTDOWN_SCORING.register("tinyzero", options=("template",))
+def tinyzero_rule(completion: str, target: int, numbers: list[int], format_score: float,
+                  template: str = "qwen-instruct") -> dict[str, float]:
     """TinyZero's Countdown score (Jiayi-Pan/TinyZero, verl/utils/reward_score/countdown.py,
-    `compute_score`): the last `<answer>...</answer>`; without one 0.0. With one: 1.0 when
-    its integers (`\\d+` runs) are exactly the given numbers (every number exactly once) and
-    its value is within 1e-5 of the target; `format_score` otherwise (prose, numbers missing or
-    repeated, a wrong value, an unreadable expression). The value is computed exactly with
-    fractions over `ast` (never `eval`), so `**` and `//`, which TinyZero's `eval` would compute,
-    are not expressions here (format_score); TinyZero reads only the text's last line, this rule
-    the last closed `<answer>` anywhere. {"score", "format": an answer is present, "valid": it
-    uses every number exactly once and has a value, "equals_target": and hits it}."""
-    text = extract_answer_tag(completion)
-    if text is None:
-        return {"score": 0.0, "format": 0.0, "valid": 0.0, "equals_target": 0.0}
-    uses_all = sorted(int(n) for n in _DIGIT_RUNS_RE.findall(text)) == sorted(numbers)
-    value = None
-    if uses_all:
-        try:
-            value = evaluate_arithmetic(text, _TINYZERO_RULES)[0]
-        except NotArithmetic:
-            value = None
-    hit = value is not None and abs(value - target) < _TINYZERO_TOLERANCE
-    return {"score": 1.0 if hit else format_score, "format": 1.0, "valid": float(value is not None),
-            "equals_target": float(hit)}
+    `compute_score`), input by input: `reasonrl.rewards.tinyzero.tinyzero_score`. {"score",
+    "format": an answer is present, "valid": it uses every number exactly once and has a value,
+    "equals_target": and hits it}."""
+    return tinyzero_score(completion, target, numbers, format_score, template)
 
 
 def countdown_answer(completion: str, fallback_last_number: bool = True) -> str | None:
@@ -144,10 +125,15 @@ def countdown_answer(completion: str, fallback_last_number: bool = True) -> str 
 
 @VERIFIERS.register(
     "countdown", doc="Countdown: an expression over the given numbers that equals the target",
-    isolated=False, options={"format_score": "countdown_format_score", "rule": "countdown_rule"},
+    isolated=False, options={"format_score": "countdown_format_score", "rule": "countdown_rule",
+                             "template": "tinyzero_template"},
     check=parse_countdown_truth, answer=countdown_answer)
 def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None = None, *,
-                     format_score: float = 0.1, rule: str = "subset") -> dict[str, float]:
-    """The score of `rule` (a `COUNTDOWN_SCORING` entry: `subset`, `tinyzero`) with its parts."""
+                     format_score: float = 0.1, rule: str = "subset",
+                     template: str = "qwen-instruct") -> dict[str, float]:
+    """The score of `rule` (a `COUNTDOWN_SCORING` entry: `subset`, `tinyzero`) with its parts;
+    `template` (`reward.tinyzero_template`) goes to the rules that read the prompt's end."""
     target, numbers = parse_countdown_truth(ground_truth)
-    return COUNTDOWN_SCORING.get(rule)(completion, target, numbers, format_score)
+    entry = COUNTDOWN_SCORING[rule]
+    options = {"template": template} if "template" in entry.info.get("options", ()) else {}
+    return entry.fn(completion, target, numbers, format_score, **options)

@@ -85,6 +85,38 @@ def extract_answer_tag(text: str) -> str | None:
     return text[start:end].strip()
 
 
+def first_between(text: str, open_tag: str, close_tag: str) -> str | None:
+    """The group of the first match of `open(.*?)close` (re.DOTALL, case-sensitive), or None.
+
+    The regex other systems search with (ReasonRL's and trl_GRPO's `<answer>(.*?)</answer>`,
+    trl_GRPO's `\\boxed{.*?}`), in linear time: the first `open_tag` that has a `close_tag`
+    after it is the first `open_tag` (when it has none, no later one has), closed by the first
+    `close_tag` after it. The regex rescans the tail from every unclosed opening tag.
+    """
+    start = text.find(open_tag)
+    if start < 0:
+        return None
+    start += len(open_tag)
+    end = text.find(close_tag, start)
+    return None if end < 0 else text[start:end]
+
+
+def all_between(text: str, open_tag: str, close_tag: str) -> list[str]:
+    """`re.findall` of `open(.*?)close` (re.DOTALL, case-sensitive), in linear time: the matches
+    left to right, each search starting after the previous match (`first_between` each time)."""
+    found: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return found
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            return found
+        found.append(text[start + len(open_tag):end])
+        pos = end + len(close_tag)
+
+
 def extract_last_number(text: str) -> str | None:
     """The last number in the text, as written ("-1,234.5", "3/4"); None if there is none.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from reasonrl.rewards.extract import extract_answer, extract_answer_tag, extract_boxed
+from reasonrl.rewards.extract import extract_answer, extract_answer_tag, extract_boxed, first_between
 from reasonrl.rewards.numeric import parse_number
 
 _TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
@@ -53,6 +53,20 @@ def paired_tags_format_reward(completion: str) -> float:
         return 0.0
     answer = extract_answer_tag(completion)
     return 1.0 if answer is not None and extract_boxed(answer) is not None else 0.5
+
+
+def trl_grpo_format_reward(completion: str) -> float:
+    """trl_GRPO's format reward as its code computes it (xywen97/TRL-GRPO, reward.py,
+    `format_reward`): 0.0 unless the regexes `<think>.*?</think>` and `<answer>(.*?)</answer>`
+    each match somewhere (case-sensitive, across lines; order, counts and text around are free);
+    then 1.0 when the first `<answer>` match holds a match of `\\boxed{.*?}` (a `\\boxed{`
+    with a `}` after it: `\\boxed{}` counts, `\\fbox{4}` and `\\boxed 4` do not), else 0.5.
+    The same matches found in linear time (`first_between`). reasonrl's own rule for these tags
+    is `paired_tags_format_reward` (component `format_paired`)."""
+    answer = first_between(completion, "<answer>", "</answer>")
+    if answer is None or first_between(completion, "<think>", "</think>") is None:
+        return 0.0
+    return 1.0 if first_between(answer, "\\boxed{", "}") is not None else 0.5
 
 
 def r1_zero_format_reward(completion: str) -> float:

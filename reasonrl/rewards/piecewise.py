@@ -157,7 +157,8 @@ def transparent_grpo_rule(completion: str, ground_truth: str) -> dict[str, float
     }
     credits = {"boundary": 0.2, "equation_a": 0.25, "a_value": 0.15, "equation_b": 0.25, "b_value": 0.15,
                "answer": 0.2}
-    return {"score": round(min(sum(credits[k] * v for k, v in parts.items()), 1.0), 6), **parts}
+    # added in the original's order from 0.0, unrounded: the same float as there, bit for bit
+    return {"score": min(sum(credits[k] * v for k, v in parts.items()), 1.0), **parts}
 
 
 @PIECEWISE_SCORING.register("partial_credit")

@@ -14,6 +14,11 @@ per call, each with its own hard timeout (isolated). Whatever the form, a call g
 `Outcome` per row, and `score` reads them all the same way. A row whose reward raises, hangs
 or returns a bad value scores 0 and is counted (one odd completion must not end a run); a
 verifier that cannot read a ground truth (`GroundTruthError`) stops it: a data bug.
+
+A bad value is anything but a number (or a dict with a 'score'), a number that is not finite
+(NaN, inf), or one beyond +-`MAX_ABS_REWARD` (`bounded_score`): training computes in float32,
+where a reward of 1e308 is already inf and its batch mean (`reward/mean`) NaN; the weighted
+total of the components is held to the same bound.
 """
 
 from __future__ import annotations
@@ -31,6 +36,26 @@ from reasonrl.rewards.pool import Call, Outcome, get_pool
 from reasonrl.rewards.verifiers import Verifier, as_score, task_verifier, verifier_for
 
 RewardFn = Callable[[str, str], float]  # (completion, ground_truth) -> score
+
+# The largest |reward| scored: training's arithmetic is float32 (largest finite 3.4e38) and
+# squares rewards (the group std) and gradients that scale with them (the gradient norm, Adam's
+# second moment), so a reward must stay far below sqrt(3.4e38) ~ 1.8e19 for a batch's sums of
+# squares to stay finite; 1e9 leaves that room, and above 2^24 float32 no longer holds every
+# integer anyway. A larger reward is in practice a sentinel or a bug (1e308, sys.float_info.max).
+MAX_ABS_REWARD = 1e9
+
+
+def bounded_score(value: object) -> tuple[float, dict[str, float]]:
+    """(score, parts) of a reward function's return value (`as_score`), its score finite and
+    within +-`MAX_ABS_REWARD`; ValueError or TypeError otherwise, saying which."""
+    try:
+        score, parts = as_score(value)
+    except OverflowError as err:  # float(10**400)
+        raise ValueError(f"reward is too large for a float ({err})") from None
+    if abs(score) > MAX_ABS_REWARD:
+        raise ValueError(f"reward {score:g} is beyond +-{MAX_ABS_REWARD:g}, the most float32 training takes "
+                         f"safely (it squares rewards and gradients); scale the reward down")
+    return score, parts
 
 
 class BadGroundTruth(GroundTruthError):
@@ -79,7 +104,7 @@ def _split(out: Outcome, n: int) -> list[Outcome]:
                 raise ValueError(f"reward.batch_fn must return one score per completion ({n}), "
                                  f"got {type(out.value).__name__} of length {size}")
             for value in out.value:
-                as_score(value)
+                bounded_score(value)
             return [Outcome(value=value) for value in out.value]
         except (TypeError, ValueError) as err:
             out = Outcome(error=f"{type(err).__name__}: {err}")
@@ -140,7 +165,7 @@ def _read(out: Outcome, verifier: Verifier, rows: int) -> tuple[float, dict[str,
     if out.error is not None:
         return 0.0, {}, out.error
     try:
-        return *as_score(out.value), None
+        return *bounded_score(out.value), None
     except Exception as err:
         return 0.0, {}, f"{type(err).__name__}: {err}"
 
@@ -208,6 +233,13 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
         for i, s in enumerate(components[g]):
             if s <= 0:
                 total[i] = 0.0
+    for i, t in enumerate(total):
+        if not abs(t) <= MAX_ABS_REWARD:  # each score is bounded, a large weight may not be
+            total[i] = 0.0
+            if failures[i] is None:
+                failures[i] = (f"reward.weights: ValueError: the weighted total {t:g} is beyond "
+                               f"+-{MAX_ABS_REWARD:g} (weights {weights}); lower the weights")
+                errors += 1
     return Scores(total=torch.tensor(total, dtype=dtype),
                   components={k: torch.tensor(v, dtype=dtype) for k, v in components.items()},
                   errors=errors, timeouts=sum(timed_out), failures=failures, timed_out=timed_out, parts=parts)

@@ -48,7 +48,8 @@ from reasonrl.rewards.pool import Call, get_pool
 # names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
 # the verifier's keyword -> the RewardConfig field it comes from; `check`: reads a ground
 # truth, raising GroundTruthError when it cannot (run on every example before training). The
-# check of an isolated verifier has the verifier signature and runs in the worker pool too.
+# check of an isolated verifier has the verifier signature, options included, and runs in the
+# worker pool too.
 
 @dataclass(frozen=True)
 class Verifier:
@@ -67,9 +68,13 @@ class Verifier:
 
 
 def task_for_source(data_source: str) -> str:
-    """The task for `reward.task=auto`: the data_source's last path part, if it starts with a
-    task name ("gsm8k", "openai/gsm8k", "math500", "lighteval/MATH", "countdown_3to4"), else
-    "numeric" (arithmetic and unknown sources: the original number check)."""
+    """The task for `reward.task=auto`: "verl_gsm8k" for exactly "openai/gsm8k" (verl's
+    `default_compute_score` sends that data_source, and only it, to its GSM8K score); else the
+    data_source's last path part, if it starts with a task name ("gsm8k", "math500",
+    "lighteval/MATH", "countdown_3to4"), else "numeric" (arithmetic and unknown sources: the
+    original number check)."""
+    if data_source == "openai/gsm8k":
+        return "verl_gsm8k"
     name = data_source.lower().rsplit("/", 1)[-1]
     for task in ("gsm8k", "math", "countdown", "piecewise"):
         if name.startswith(task):
@@ -213,7 +218,9 @@ def check_examples(examples: list, cfg) -> None:
     for task, firsts in remote.items():
         check = VERIFIERS[task].info["check"]
         target = f"{check.__module__}:{check.__name__}"
-        outcomes = get_pool(cfg.num_workers).run([Call(target, "", truth) for truth in firsts], cfg.timeout)
+        options = dict(make_verifier(task, cfg).options)  # the check reads as the verifier will
+        calls = [Call(target, "", truth, options=options) for truth in firsts]
+        outcomes = get_pool(cfg.num_workers).run(calls, cfg.timeout)
         for e, out in zip(firsts.values(), outcomes, strict=True):
             if out.ground_truth_error or out.timed_out or out.error is not None:
                 why = (out.error if out.ground_truth_error else

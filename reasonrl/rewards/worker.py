@@ -13,7 +13,6 @@ Anything the reward function prints goes to stderr, so it cannot corrupt the rep
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -100,9 +99,7 @@ def main() -> None:
             reply = {"ground_truth_error": str(err)}
         except Exception as err:
             reply = {"error": f"{type(err).__name__}: {err}"[:2000]}
-        if isinstance(reply.get("value"), float) and not math.isfinite(reply["value"]):
-            reply = {"error": f"reward returned {reply['value']}"}
-        _answer(out, reply)
+        _answer(out, reply)  # NaN and inf go as JSON NaN / Infinity: the trainer refuses them (scoring.py)
 
 
 if __name__ == "__main__":

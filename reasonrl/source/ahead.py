@@ -142,7 +142,9 @@ class Ahead:
         self.next_batch = max(self.batches) + 1
 
     def close(self) -> None:
-        """Stop the side (asked first; a process is then killed); safe to call twice."""
+        """Stop the side (asked first; a process is then killed); safe to call twice. A Ctrl-C
+        while it waits (the second of a stop: "stop at once") ends the wait, and the process is
+        killed now rather than after 10 s; the stop under way goes on as it was."""
         if self.worker is None:
             return
         try:
@@ -153,7 +155,10 @@ class Ahead:
         if isinstance(worker, threading.Thread):  # commands not started yet are dropped
             self.conn.drop_unread()
             self.conn.send(("stop",))
-        worker.join(10)
+        try:
+            worker.join(10)
+        except KeyboardInterrupt:
+            pass
         if not isinstance(worker, threading.Thread) and worker.is_alive():
             worker.kill()
             worker.join(5)

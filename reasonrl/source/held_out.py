@@ -15,8 +15,8 @@ def held_out_metrics(rollout, examples: list[Example], settings: EvalSettings,
                      reward: RewardConfig) -> dict[str, float]:
     """The `eval/` metrics (pass@k overall and per data_source) of `rollout`'s engine on the
     held-out `examples`, and `time/eval`: the same function and numbers as `reasonrl eval` with
-    these settings (`--greedy` by default)."""
+    these settings (`--greedy` by default), with its progress bar when `settings.progress`."""
     t = time.perf_counter()
-    found = evaluate(rollout, None, examples, settings, reward)
+    found = evaluate(rollout, None, examples, settings, reward, desc="held-out eval", leave=False)
     metrics = {f"eval/{k}": v for k, v in eval_metrics(found.results, settings.ks).items()}
     return {**metrics, "time/eval": time.perf_counter() - t}

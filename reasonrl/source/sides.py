@@ -16,6 +16,7 @@ eval with `held_out_metrics`, in the stream's order, so it sees exactly the vers
 
 from __future__ import annotations
 
+import signal
 import threading
 from dataclasses import dataclass, replace
 
@@ -68,6 +69,25 @@ class Side:
         return held_out_metrics(self.rollout, self.parts.held_out, self.eval_settings, self.cfg.reward)
 
 
+# Ctrl-C in a terminal signals the whole process group, and systemd, Slurm or `kill -- -PGID`
+# send SIGTERM to every process of a job: the trainer finishes its step, waits for the batches in
+# flight, saves them and stops the rollout process itself (`Ahead.close`), which must not die
+# of the signal meanwhile (the reward workers ignore SIGINT for the same reason).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def serve_process(conn, side, cfg: Config, sampling) -> None:
+    """The rollout process's life: `serve`, deaf to `STOP_SIGNALS`. It starts with them blocked
+    (the trainer blocks them while it starts the process, which inherits its signal mask through
+    fork and exec), so none lands while it imports; here they are ignored, then unblocked (the
+    ones that came meanwhile are dropped), and its own children (reward workers) inherit the
+    ignoring. The trainer's `close`, or the end of the pipe, stops it."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    serve(conn, side, cfg, sampling)
+
+
 class ProcessSide(Side):
     """The rollout process of placement.mode=local (see the module docstring)."""
 
@@ -79,9 +99,13 @@ class ProcessSide(Side):
     def launch(cls, cfg: Config, parts: SideParts, sampling) -> tuple[object, object, str]:
         ctx = mp.get_context("spawn")
         conn, child = ctx.Pipe()
-        worker = ctx.Process(target=serve, args=(child, Build(cls, cfg, parts), cfg, sampling),
+        worker = ctx.Process(target=serve_process, args=(child, Build(cls, cfg, parts), cfg, sampling),
                              name="reasonrl-rollout", daemon=False)
-        worker.start()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # held for this process
+        try:
+            worker.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held meanwhile lands now
         child.close()
         return conn, worker, "the rollout process"
 

@@ -26,8 +26,11 @@ Every call, in every mode:
   `WATCHDOG_TICK` seconds and kills it past the limit (tasks then bounded by `RLIMIT_NPROC`
   only); without /proc (not Linux), by neither: per process only, and the plan says so. Past
   the memory limit the whole call is killed and its error says "memory limit";
+- has its disk bounded PER CALL: what its directory takes (`disk_mb`, its files together,
+  each at least 4 KiB), summed every `WATCHDOG_TICK` seconds (`bounds._DiskWatch`); past it
+  the whole call is killed and its error says "disk limit";
 - starts a new session (`start_new_session=True`): at the end of the call, or at the
-  wall-clock timeout, when the output passes `output_bytes` or the call's memory its limit,
+  wall-clock timeout, when the output passes `output_bytes` or the call's memory or disk its limit,
   every process of the call gets SIGKILL before the child is reaped: the PID namespace's init
   first (so that unshare or bwrap reaps it; bubblewrap exits when its program does, without
   waiting for its own init, which is left a zombie of the uid for the host's init to reap: ~2 s
@@ -79,8 +82,8 @@ unshare -- the same filesystem without bubblewrap, from util-linux `unshare` (`-
   They do not protect against: kernel vulnerabilities (namespaces share the host kernel; no
   seccomp filter is installed); reading the world-readable system files under /usr and the
   interpreter's directories; the CPU share and memory bandwidth the code uses until its
-  limits stop it; disk space: each file is capped at `file_mb` but the number of files is
-  not, the timeout alone bounds how much it writes before the directory is deleted.
+  limits stop it; disk space past `disk_mb` by what the code writes within one look
+  (`WATCHDOG_TICK`) before the watch kills the call.
 
 rlimit -- the floor, ONLY when chosen explicitly (a warning says what it leaves open): the
   common part above, plus, when `unshare --net --pid --fork --kill-child` (util-linux) works
@@ -92,7 +95,8 @@ rlimit -- the floor, ONLY when chosen explicitly (a warning says what it leaves 
   included, and processes escaping the kill -- only when `unshare` works.
   Does not protect against: reading world-readable files (/etc/passwd, the repository's
   sources, other users' 0644 files); writing world-writable places (/tmp, /var/tmp,
-  /dev/shm); concurrent calls of the same uid reading and changing each other's directories
+  /dev/shm; not bounded by `disk_mb`, which watches the call's directory); concurrent calls
+  of the same uid reading and changing each other's directories
   (and, without `unshare`, signalling each other's processes); kernel vulnerabilities.
   Without `unshare`: the network is NOT blocked (loopback included: the code can reach
   services on 127.0.0.1), and a process that calls setsid() leaves the process group and

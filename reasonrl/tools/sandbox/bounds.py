@@ -1,4 +1,5 @@
-"""Per-call bounds: memory and tasks of all a call's processes together, and killing them.
+"""Per-call bounds: memory and tasks of all a call's processes together, the disk its
+directory takes (`_DiskWatch`), and killing them.
 
 `find_call_bounds()` decides once per machine how (`CallBounds`): a cgroup made for each call
 (`_CallCgroup`: cgroup v2, or v1 memory + pids; the call's first process is put in before it
@@ -6,6 +7,12 @@ runs anything, held by `_GATE`), else a watchdog (`_Watchdog`) that sums the res
 the call's process tree every `WATCHDOG_TICK` seconds, else (no /proc) neither. Both kill what
 is left of a call at its end; `_kill_checked` signals a process only once it is pinned by a
 pidfd and still the call's, so a reused pid is never signalled.
+
+The disk a call uses is its directory's (the only writable place in modes bwrap and unshare
+besides a /dev/shm capped at `file_mb`): `_DiskWatch` sums what its files take on disk every
+`WATCHDOG_TICK` seconds (less often when a walk is slow), and the call is killed past
+`disk_mb`, as past the memory limit. A cgroup has no disk limit and RLIMIT_FSIZE bounds one
+file, not how many.
 """
 
 from __future__ import annotations
@@ -386,3 +393,55 @@ class _Watchdog:
         for pid in reversed(tree[1:]):
             _kill_checked(pid, lambda p: _parent_of(p) in known)
 
+
+ENTRY_BYTES = 4096  # what a file or directory counts at least (one block; an inode has a cost too)
+
+
+class _DiskWatch:
+    """The bytes a call's directory takes on disk: each entry's allocated blocks or its size,
+    whichever is larger, and at least `ENTRY_BYTES` (so a million empty files count too). Looked
+    at every `WATCHDOG_TICK` seconds, or every 4 walks' time when a walk takes longer (the
+    trainer's CPU); a directory the code made unreadable is opened again (the call's files are
+    this process's to open: root, or the same user), else counts as over the limit."""
+
+    def __init__(self, root: str, limit: int) -> None:
+        self.root, self.limit = root, limit
+        self.next_look = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_look
+
+    def over(self) -> bool:
+        """True when the directory holds more than the limit (stops counting once past it)."""
+        start = time.monotonic()
+        try:
+            return self._used() > self.limit
+        finally:
+            spent = time.monotonic() - start
+            self.next_look = time.monotonic() + max(WATCHDOG_TICK, 4 * spent)
+
+    def _used(self) -> int:
+        total, folders = 0, [self.root]
+        while folders:
+            folder = folders.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            except OSError:
+                try:
+                    os.chmod(folder, 0o700)
+                    entries = list(os.scandir(folder))
+                except OSError:
+                    return self.limit + 1  # a folder it cannot measure: not an escape from the bound
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += max(st.st_blocks * 512, st.st_size, ENTRY_BYTES)
+                if total > self.limit:
+                    return total
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+        return total

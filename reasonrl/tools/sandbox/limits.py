@@ -29,6 +29,7 @@ class Limits:
     # all the call's processes together (+ CALL_OVERHEAD_MB): a cgroup, else the watchdog
     memory_mb: int = 512
     file_mb: int = 16  # largest file the code may write (RLIMIT_FSIZE)
+    disk_mb: int = 64  # what the call's directory may take on disk, all its files together (bounds.py)
     # processes and threads the code may add (RLIMIT_NPROC; per call, + CALL_OVERHEAD_TASKS, by a
     # pids cgroup where the call has one)
     processes: int = 32
@@ -43,7 +44,8 @@ class Limits:
         timeout = self.timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ConfigError(f"tool limits: timeout must be a number > 0 (seconds), got {timeout!r}")
-        counts = {"memory_mb": self.memory_mb, "file_mb": self.file_mb, "processes": self.processes,
+        counts = {"memory_mb": self.memory_mb, "file_mb": self.file_mb, "disk_mb": self.disk_mb,
+                  "processes": self.processes,
                   "open_files": self.open_files, "output_bytes": self.output_bytes,
                   "code_chars": self.code_chars}
         for name, value in counts.items():
@@ -69,6 +71,11 @@ class Limits:
         second (so that a busy loop meets the wall clock first; the CPU limit is the backstop
         for processes the group kill misses)."""
         return self.cpu_seconds or math.ceil(self.timeout) + 1
+
+    @property
+    def disk_bytes(self) -> int:
+        """What the call's directory may take on disk (`disk_mb`)."""
+        return self.disk_mb << 20
 
     @property
     def call_memory_bytes(self) -> int:

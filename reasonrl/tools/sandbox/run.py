@@ -1,8 +1,8 @@
 """One call under a plan: `execute(plan, code, limits)` writes the code to main.py in a fresh
 temporary directory, spawns the plan's command (in the call's cgroup, or under the watchdog),
-collects its output up to the limit, ends it at the wall-clock timeout, the output limit or
-the call's memory limit, kills every process of the call, reaps it, removes its directories and
-returns the `Observation`. It never raises.
+collects its output up to the limit, ends it at the wall-clock timeout, the output limit, the
+call's memory limit or its disk limit (what its directory takes), kills every process of the
+call, reaps it, removes its directories and returns the `Observation`. It never raises.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from reasonrl.tools.sandbox.bounds import (
     _GATE,
     WATCHDOG_TICK,
     _CallCgroup,
+    _DiskWatch,
     _kill_checked,
     _parent_of,
     _read,
@@ -50,7 +51,7 @@ def execute(plan: SandboxPlan, code: str, limits: Limits) -> Observation:
         if plan.run_as is not None:
             os.chown(workdir, plan.run_as, plan.run_as)
         argv, env, extra = plan.command(workdir, limits, root)
-        return _supervise(argv, env, extra, plan, limits, start)
+        return _supervise(argv, env, extra, plan, limits, start, workdir)
     except (OSError, subprocess.SubprocessError, ValueError) as err:  # ValueError: UnicodeError too
         return Observation(error=f"could not start the sandbox: {type(err).__name__}: {err}",
                            seconds=time.monotonic() - start)
@@ -60,9 +61,9 @@ def execute(plan: SandboxPlan, code: str, limits: Limits) -> Observation:
 
 
 def _supervise(argv: list[str], env: dict[str, str], extra: dict[str, Any], plan: SandboxPlan,
-               limits: Limits, start: float) -> Observation:
-    """Run the sandbox process under the call's cgroup (or watchdog), collect its output under
-    the limits, kill its processes, reap it."""
+               limits: Limits, start: float, workdir: str) -> Observation:
+    """Run the sandbox process under the call's cgroup (or watchdog) and the watch on its
+    directory `workdir`, collect its output under the limits, kill its processes, reap it."""
     cgroup: _CallCgroup | None = None
     if plan.bounds.kind.startswith("cgroup"):
         try:
@@ -78,7 +79,8 @@ def _supervise(argv: list[str], env: dict[str, str], extra: dict[str, Any], plan
         if cgroup is not None:
             cgroup.remove()
         raise
-    memory_out = False
+    memory_out = disk_out = False
+    disk = _DiskWatch(workdir, limits.disk_bytes)
     try:
         if cgroup is not None:
             assert proc.stdin is not None
@@ -93,7 +95,7 @@ def _supervise(argv: list[str], env: dict[str, str], extra: dict[str, Any], plan
         watchdog = None  # without a cgroup (none here, or this call's could not be made): the watchdog
         if cgroup is None and plan.bounds.kind != "none":
             watchdog = _Watchdog(proc.pid, limits.call_memory_bytes)
-        output, timed_out, truncated, memory_out = _collect(proc, limits, cgroup, watchdog)
+        output, timed_out, truncated, memory_out, disk_out = _collect(proc, limits, cgroup, watchdog, disk)
     finally:
         if proc.stdout is not None:  # read to the end or no longer wanted: a writer now gets SIGPIPE
             proc.stdout.close()
@@ -112,26 +114,31 @@ def _supervise(argv: list[str], env: dict[str, str], extra: dict[str, Any], plan
             memory_out = memory_out or cgroup.oom_kills() > 0
             cgroup.remove()
             _remove_stale_cgroups(plan.bounds)
+    # what it wrote between the last look and its end counts too (the directory goes after this)
+    over_disk = disk_out or (not memory_out and disk.over())
     by = plan.bounds.kind if cgroup is not None else "watchdog"
-    error = _error(proc.returncode, output, plan, limits, timed_out, truncated, by if memory_out else "")
-    # ended by this process (timeout, output, memory): SIGKILL, whatever unshare or bwrap exited with
-    stopped = timed_out or truncated or memory_out
-    return Observation(output=output, error=error, timed_out=timed_out and not memory_out,
+    disk_how = "killed" if disk_out else "at its end" if over_disk else ""
+    error = _error(proc.returncode, output, plan, limits, timed_out, truncated, by if memory_out else "",
+                   disk_how)
+    # ended by this process (timeout, output, memory, disk): SIGKILL, whatever unshare or bwrap exited with
+    stopped = timed_out or truncated or memory_out or disk_out
+    return Observation(output=output, error=error, timed_out=timed_out and not (memory_out or over_disk),
                        seconds=time.monotonic() - start, truncated=truncated,
                        exit_code=-signal.SIGKILL if stopped else proc.returncode)
 
 
 def _collect(proc: subprocess.Popen, limits: Limits, cgroup: _CallCgroup | None,
-             watchdog: _Watchdog | None) -> tuple[str, bool, bool, bool]:
-    """(output, timed out, truncated, past the memory limit): read the output until the program
-    exits, the timeout, the output limit or the per-call memory limit, whichever comes first."""
+             watchdog: _Watchdog | None, disk: _DiskWatch) -> tuple[str, bool, bool, bool, bool]:
+    """(output, timed out, truncated, past the memory limit, past the disk limit): read the
+    output until the program exits, the timeout, the output limit or the per-call memory or disk
+    limit, whichever comes first."""
     deadline = time.monotonic() + limits.timeout
     out = proc.stdout
     assert out is not None
     fd = out.fileno()
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
-    size, timed_out, truncated, exited, memory_out = 0, False, False, False, False
+    size, timed_out, truncated, exited, memory_out, disk_out = 0, False, False, False, False, False
     selector = selectors.DefaultSelector()
     pidfd = _pidfd(proc.pid)
     try:
@@ -166,6 +173,9 @@ def _collect(proc: subprocess.Popen, limits: Limits, cgroup: _CallCgroup | None,
                 if cgroup is not None and cgroup.oom_kills() > 0 or watchdog is not None and watchdog.over():
                     memory_out = True
                     break
+            if disk.due(now) and disk.over():  # the call's directory, all its files together
+                disk_out = True
+                break
             wait = min(deadline, next_look) - now
             if pidfd is None:
                 wait = min(wait, 0.02)
@@ -186,14 +196,19 @@ def _collect(proc: subprocess.Popen, limits: Limits, cgroup: _CallCgroup | None,
         if pidfd is not None:
             os.close(pidfd)
     output = b"".join(chunks)[:limits.output_bytes].decode("utf-8", errors="replace")
-    return output, timed_out, truncated, memory_out
+    return output, timed_out, truncated, memory_out, disk_out
 
 
 def _error(code: int | None, output: str, plan: SandboxPlan, limits: Limits, timed_out: bool,
-           truncated: bool, memory_by: str = "") -> str | None:
+           truncated: bool, memory_by: str = "", disk: str = "") -> str | None:
     if memory_by:  # the per-call memory limit, by the call's cgroup or the watchdog
         return (f"memory limit passed: the call's processes together held more than {limits.memory_mb} MB "
                 f"(+ {CALL_OVERHEAD_MB} MB for the sandbox's own; {memory_by}); its processes were killed")
+    if disk:  # "killed": seen while it ran; "at its end": written within the last look, seen once it ended
+        what = ("its processes were killed and its files deleted" if disk == "killed" else
+                "seen when it ended; its files were deleted")
+        return (f"disk limit passed: the call's files took more than {limits.disk_mb} MB in its directory; "
+                f"{what}")
     if timed_out:
         return f"timed out after {limits.timeout:g} s (wall clock); its processes were killed"
     if truncated:

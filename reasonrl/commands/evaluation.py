@@ -1,5 +1,5 @@
-"""`reasonrl eval` and `reasonrl probe`: their options, the examples they read, the workers
-they build and the reports they print.
+"""What `reasonrl eval` and `reasonrl probe` share: their options, the examples they read,
+the workers they build and the run itself.
 
 This is the part of the evaluation that builds workers (`placement.build_workers`, as
 training does, so whatever `rollout.engine` the config names generates here too), so it sits
@@ -28,37 +28,8 @@ if TYPE_CHECKING:  # the evaluation and the data readers load when a command run
     from reasonrl.evaluate import EvalSettings, PromptResult
 
 
-def add_commands(sub) -> None:
-    """The `eval` and `probe` subcommands of the CLI's parser."""
-    p = sub.add_parser(
-        "eval", help="evaluate a model: pass@k, majority vote, entropy, lengths, per data source",
-        description="Sample --n completions per prompt with the config's rollout engine and report, "
-                    "per data_source and overall: mean reward, pass@1, unbiased pass@k (Chen et al. "
-                    "2021), majority-vote accuracy, mean token entropy, response length mean/p95, "
-                    "truncated fraction and format-error rate. Prints a table, writes --output JSON; "
-                    "--compare BASE.json prints BASE -> this side by side with deltas.")
-    _add_options(p, probe=False)
-    p.add_argument("--compare", metavar="OTHER.json", help="an earlier `reasonrl eval --output` file")
-    p.set_defaults(func=eval_command)
-
-    p = sub.add_parser(
-        "probe", help="will GRPO learn here? accuracy, reward variance, entropy and a verdict",
-        description="Sample rollout.n completions per prompt (training's sampling) and report "
-                    "accuracy, mean per-prompt reward variance, the share of prompts whose samples "
-                    "are all right or all wrong, and entropy, with a verdict: accuracy 10-80%, "
-                    "variance > 0.05, entropy 0.2-0.8 nats; too hard -> SFT first or easier data, "
-                    "too easy -> harder data.")
-    _add_options(p, probe=True)
-    p.add_argument("--accuracy-range", default="0.1,0.8", metavar="LOW,HIGH",
-                   help="accuracy GRPO learns from (default 0.1,0.8)")
-    p.add_argument("--min-variance", type=float, default=0.05,
-                   help="mean per-prompt reward variance must exceed this (default 0.05)")
-    p.add_argument("--entropy-range", default="0.2,0.8", metavar="LOW,HIGH",
-                   help="mean token entropy in nats (default 0.2,0.8)")
-    p.set_defaults(func=probe_command)
-
-
-def _add_options(p: argparse.ArgumentParser, probe: bool) -> None:
+def add_options(p: argparse.ArgumentParser, probe: bool) -> None:
+    """The options `eval` and `probe` share; `probe` names the rollout section's defaults."""
     p.add_argument("overrides", nargs="*", help="dotted.key=value config overrides (e.g. rollout.engine=hf)")
     p.add_argument("--config", help="a train config: its model, data, rollout and reward sections are used")
     p.add_argument("--model", help="model.path: an HF folder, runs/X/checkpoints/step_N, a Hub id org/name "
@@ -167,6 +138,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
     that task), or None for the config's own held-out set."""
     from reasonrl.data import load_examples, load_files, take_per_source
     from reasonrl.data.readers import is_hub_id
+    from reasonrl.data.tasks import prompt_budget
 
     seed = cfg.trainer.seed
     if data is None:
@@ -174,7 +146,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
             if not cfg.data.val_path:
                 raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
             d = cfg.data
-            examples = load_files(d.val_path, d.fields, d.val_subset, d.val_split, d.format)
+            examples = load_files(d.val_path, d.fields, d.val_subset, d.val_split, d.format, prompt_budget(d))
             examples = take_per_source(examples, d.val_size) if d.val_size else examples
         else:
             examples = load_examples(cfg.data, seed)[1]
@@ -188,7 +160,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
         what = f"{data} held-out split (seed {seed})"
     elif all(Path(p.strip()).exists() or is_hub_id(p.strip()) for p in data.split(",") if p.strip()):
         d = cfg.data  # a Hub id takes the config's held-out subset, split and format
-        examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format)
+        examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format, prompt_budget(d))
         what = data
     else:
         generated = [e.name for e in DATA_TASKS if e.info["generated"]]
@@ -207,7 +179,8 @@ def _eval_config(cfg: Config, s: EvalSettings) -> Config:
                                     top_k=s.top_k, max_new_tokens=s.max_new_tokens))
 
 
-def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[list[PromptResult], dict]:
+def run(cfg: Config, settings: EvalSettings, data: str | None = None,
+        desc: str = "eval") -> tuple[list[PromptResult], dict]:
     """`reasonrl eval` / `probe`: build the workers as training does (`build_workers`, so
     whatever `rollout.engine` the config names generates here too), check that the engine
     serves the policy's weights, and `evaluate`.
@@ -238,7 +211,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
         seed_everything(cfg.trainer.seed)
         load_s = time.perf_counter() - t
         check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
-        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward)
+        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc)
     finally:
         workers.close()
     times = {"load_s": load_s, **evaluation.times, "wall_s": time.perf_counter() - t_start}
@@ -260,64 +233,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None) -> tuple[l
     return evaluation.results, record
 
 
-def _write_json(path: str, report: dict) -> None:
+def write_json(path: str, report: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=1) + "\n")
     print(f"[reasonrl] wrote {path}", flush=True)
-
-
-def eval_command(args: argparse.Namespace) -> int:
-    from reasonrl.evaluate import compare_deltas, eval_report, format_compare, format_table
-
-    base = None
-    if args.compare:  # read it first: a bad file fails before the model runs
-        try:
-            base = json.loads(Path(args.compare).read_text())
-            assert isinstance(base, dict) and isinstance(base.get("overall"), dict)
-        except (OSError, ValueError, AssertionError):
-            raise DataError(f"--compare {args.compare}: not a JSON file written by `reasonrl eval`") from None
-    cfg, settings = settings_from_options(args, probe=False)
-    results, record = run(cfg, settings, args.data)
-    report = eval_report(results, record, settings.ks)
-    t = report["times"]
-    print(f"[reasonrl] eval of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
-          f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
-          f"reward {t['reward_s']:.1f})", flush=True)
-    print(format_table(report), flush=True)
-    if base is not None:
-        report["compare"] = {"base": args.compare, "deltas": compare_deltas(base, report)}
-        print(f"[reasonrl] {args.compare} -> this evaluation", flush=True)
-        print(format_compare(base, report, Path(args.compare).stem, "this"), flush=True)
-    if args.output:
-        _write_json(args.output, report)
-    return 0
-
-
-def probe_command(args: argparse.Namespace) -> int:
-    from reasonrl.evaluate import ProbeThresholds, format_verdict, probe_report
-
-    def bounds(text: str, option: str) -> tuple[float, float]:
-        try:
-            low, high = (float(x) for x in text.split(","))
-        except ValueError:
-            raise ConfigError(f"{option}: expected LOW,HIGH like 0.1,0.8, got {text!r}") from None
-        if low > high:
-            raise ConfigError(f"{option}: LOW {low} is above HIGH {high}")
-        return low, high
-
-    (min_acc, max_acc), (min_ent, max_ent) = (bounds(args.accuracy_range, "--accuracy-range"),
-                                              bounds(args.entropy_range, "--entropy-range"))
-    thresholds = ProbeThresholds(min_accuracy=min_acc, max_accuracy=max_acc, min_variance=args.min_variance,
-                                 min_entropy=min_ent, max_entropy=max_ent)
-    cfg, settings = settings_from_options(args, probe=True)
-    results, record = run(cfg, settings, args.data)
-    report = probe_report(results, record, thresholds)
-    t = report["times"]
-    print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
-          f"{len(results)} prompts x {settings.n} samples at T={settings.temperature:g}, "
-          f"wall {t['wall_s']:.1f} s", flush=True)
-    print(format_verdict(report), flush=True)
-    if args.output:
-        _write_json(args.output, report)
-    return 0
