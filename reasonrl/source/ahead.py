@@ -186,9 +186,11 @@ class Ahead:
         self.publish(version, evaluate)
 
     def _ended(self, worker) -> str:
-        """Why the side is gone. `worker`: its process or thread as the caller saw it (`close`
-        sets `self.worker` to None while the receiving thread may still ask)."""
-        if worker is None:
+        """Why the side is gone. `worker`: its process or thread as the caller saw it. Once
+        `close` has begun (`self.worker` is None) the process is `close`'s to join: a second
+        thread joining it too could reap it between `close`'s wait and its read of the exit
+        code (found as an exit code of None after a kill, under load)."""
+        if worker is None or self.worker is None:
             return f"{self.what} was closed"
         if isinstance(worker, threading.Thread):
             return f"{self.what} ended"
