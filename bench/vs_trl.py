@@ -159,7 +159,7 @@ def run_trl(model_dir: str, steps: int, matched: bool) -> dict:
 
 def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
     from reasonrl.config import load_config
-    from reasonrl.trainer import Trainer
+    from reasonrl.train.trainer import Trainer
 
     out = Path(tempfile.mkdtemp(prefix="reasonrl-bench-"))
     data = out / "train.jsonl"

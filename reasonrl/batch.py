@@ -2,7 +2,7 @@
 
 data -> `Example`; rollout engine -> `Rollouts` (multi-turn: with `EpisodeStats`); rewards
 -> `Scores`; the batch collected for a step (rollouts, scores, shaped rewards, which rows
-train) -> `StepBatch`; the advantage stage (`reasonrl.advantage`) -> the advantages and, for
+train) -> `StepBatch`; the advantage stage (`reasonrl.train.advantage_stage`) -> the advantages and, for
 a critic, a `CriticBatch`; the trainer then packs rollouts + advantages into a `TrainBatch`
 for the policy worker. Everything that is per completion is aligned by index (row i of every
 tensor is completion i), and a per-completion record can be cut (`take`) and joined
@@ -170,12 +170,12 @@ class Scores(Rows):
 
 @dataclass
 class StepBatch:
-    """What a step trains on, as collected (`reasonrl.collect.collect_batch`)."""
+    """What a step trains on, as collected (`reasonrl.source.collect.collect_batch`)."""
 
     rollouts: Rollouts
     scores: Scores
     # [N] the scores' totals (the environment's rewards included) plus DAPO's overlong penalty;
-    # KL in the reward is not here: the advantage stage subtracts it (`reasonrl.advantage`)
+    # KL in the reward is not here: the advantage stage subtracts it (`reasonrl.train.advantage_stage`)
     rewards: torch.Tensor
     # [N] bool: rows that may enter the loss: all, or none when dynamic sampling found no
     # informative group (algo.mask_truncated then leaves truncated rows out)

@@ -1,4 +1,4 @@
-"""The advantage stage (reasonrl/advantage.py) and the estimators' one signature: hand-computed
+"""The advantage stage (reasonrl/train/advantage_stage.py) and the estimators' one signature: hand-computed
 advantages, returns and KL in the reward, on multi-turn rows whose environment tokens are not
 actions. The estimators' own formulas: test_algo.py (group), test_gae.py (GAE)."""
 
@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from reasonrl.advantage import estimate_advantages
 from reasonrl.algo import AdvantageInputs, estimate, group_advantages
 from reasonrl.batch import Example, Rollouts, Scores, StepBatch
 from reasonrl.config import AlgoConfig
 from reasonrl.registry import ADVANTAGES, needs_critic
+from reasonrl.train.advantage_stage import estimate_advantages
 
 EXAMPLES = [Example("What is 2 + 3?", "5"), Example("What is 4 + 4?", "8")]
 TRAINABLE = torch.tensor([True, True])

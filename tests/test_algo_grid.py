@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import reasonrl.collect
 import reasonrl.placement.local
+import reasonrl.source.collect
 from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
 from reasonrl.config import load_config
@@ -25,7 +25,7 @@ from reasonrl.registry import (
     RATIO_LEVELS,
     needs_critic,
 )
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO_ROOT = Path(__file__).parent.parent
 BASE = ["trainer.progress=false", "data.arithmetic.val_size=0", "data.arithmetic.train_size=32",
@@ -55,7 +55,7 @@ def step(trainer: Trainer):
 
 def make_trainer(tmp_path, *overrides, rewards=length_rewards, monkeypatch=None) -> Trainer:
     cfg = load_config("configs/smoke.yaml", [f"trainer.output_dir={tmp_path}", *BASE, *overrides])
-    monkeypatch.setattr(reasonrl.collect, "score_rollouts", rewards)
+    monkeypatch.setattr(reasonrl.source.collect, "score_rollouts", rewards)
     return Trainer(cfg)
 
 

@@ -61,9 +61,9 @@ def test_the_page_draws_the_layers_pyproject_declares():
 def step_stages() -> list[str]:
     """The stages a step times, in order: `collect_batch`'s (rollout, reward), then each
     `timed(times, "<stage>", ...)` call of `Trainer.step`."""
-    collect = (REPO / "reasonrl" / "collect.py").read_text()
+    collect = (REPO / "reasonrl" / "source" / "collect.py").read_text()
     (seconds,) = re.findall(r"seconds = \{(.*?)\}", collect)
-    trainer = (REPO / "reasonrl" / "trainer.py").read_text()
+    trainer = (REPO / "reasonrl" / "train" / "trainer.py").read_text()
     step = trainer[trainer.index("    def step(self)"):]
     step = step[: step.index("\n    def ", 1)]
     return re.findall(r'"(\w+)": 0\.0', seconds) + re.findall(r'timed\(times, "(\w+)"', step)
@@ -115,7 +115,7 @@ def test_every_python_excerpt_is_quoted_from_the_source():
         found = [path for path, source in sources.items() if quoted_in(excerpt, source)]
         assert found, f"docs/architecture.md:{lineno}: this python block is not in any module of reasonrl/"
     step = [lines for _, lines in blocks if any("timed(times" in x for x in lines)]
-    assert step and quoted_in([x.strip() for x in step[0]], sources["reasonrl/trainer.py"])
+    assert step and quoted_in([x.strip() for x in step[0]], sources["reasonrl/train/trainer.py"])
 
 
 def test_a_changed_line_is_caught():
@@ -124,3 +124,84 @@ def test_a_changed_line_is_caught():
     assert not quoted_in(["a = 1", "c = 3"], source)  # not consecutive without `...`
     assert not quoted_in(["c = 3", "...", "a = 1"], source)  # out of order
     assert not quoted_in(["b = 2", "c = 4"], source)
+
+
+# ---- the page's file tree, protocol table and registry table against the code -------------------
+
+def tree_entries(root: str) -> list[tuple[str, str]]:
+    """(name, its description) of each entry the page's file tree lists under `root` (an entry:
+    a line indented two spaces, its first column; continuation lines are indented further)."""
+    (_, lines), = [b for b in code_blocks(section("Where things are"), "text") if b[1][0] == "reasonrl/"]
+    entries, inside = [], False
+    for line in lines:
+        if not line.startswith(" "):
+            inside = line.strip() == root
+            continue
+        if inside and line.startswith("  ") and not line.startswith("   "):
+            name, _, rest = line.strip().partition(" ")
+            entries.append((name, rest))
+        elif inside and entries:
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+    return entries
+
+
+def test_the_file_tree_is_the_package():
+    """`ls reasonrl` and the page's tree name the same modules and packages, and every module a
+    package's line names exists in that package (a move or a rename fails here until the page
+    follows)."""
+    listed = {name for name, _ in tree_entries("reasonrl/")}
+    package = REPO / "reasonrl"
+    present = {p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+               if p.name not in ("__init__.py", "__pycache__")}
+    assert listed == present
+    for name, text in tree_entries("reasonrl/"):
+        if name.endswith("/"):
+            for module in re.findall(r"\b(\w+\.py)\b", text):
+                found = list((package / name).rglob(module))
+                assert found, f"the tree's {name} names {module}, which is not in reasonrl/{name}"
+
+
+def test_the_file_tree_lists_every_benchmark():
+    assert {name for name, _ in tree_entries("bench/")} == {p.name for p in (REPO / "bench").glob("*.py")}
+
+
+def markdown_table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def ticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_the_protocol_table_is_every_method_of_every_worker_api():
+    from reasonrl import worker_protocols
+
+    rows = markdown_table(section("Workers and placement"), "| protocol | methods |")
+    apis = {name: getattr(worker_protocols, name) for name in
+            ("PolicyWorkerAPI", "CriticWorkerAPI", "RolloutWorkerAPI")}
+    assert [ticked(r[0])[0] for r in rows] == list(apis)
+    for protocol, methods in rows:
+        assert ticked(methods) == list(worker_protocols.api_methods(apis[ticked(protocol)[0]])), protocol
+
+
+def test_the_registry_table_is_every_registry_and_its_entries():
+    """Every registry of registry.py has its row, with exactly its entries; the ENGINES row names
+    every field an engine's entry declares."""
+    from reasonrl import registry
+
+    rows = markdown_table(section("Registries: every choice is one entry"), "| config key | registry |")
+    declared = {name for name, value in vars(registry).items() if isinstance(value, registry.Registry)}
+    by_name = {ticked(r[1])[0]: r for r in rows}
+    assert set(by_name) == declared
+    for name, row in by_name.items():
+        assert ticked(row[2]) == list(getattr(registry, name).names()), name
+    fields = {key for entry in registry.ENGINES for key in entry.info}
+    assert set(re.findall(r"`(\w+)`:", by_name["ENGINES"][3])) == fields

@@ -24,7 +24,7 @@ from reasonrl.rng import rng_state
 from reasonrl.rollout import prompt_seeds
 from reasonrl.source import RaySide, SideParts, batches_allowed, split_threads, version_for
 from reasonrl.source.channel import queue_pipe
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 STEPS = 4

@@ -25,7 +25,7 @@ import torch
 from helpers import REPO, TRAINS, keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
 from safetensors.torch import load_file
 
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 STEPS = 4
 RUN = [f"trainer.steps={STEPS}", "rollout.threads=1", "trainer.keep_last=0",

@@ -20,7 +20,7 @@ from reasonrl.checkpoint import list_checkpoints
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, TrainingAborted, TrainingInterrupted
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 STEPS = 4
@@ -163,7 +163,7 @@ def test_non_finite_steps_abort_after_max_bad_steps(tmp_path):
 CHILD = """
 import sys, time
 from pathlib import Path
-from reasonrl import trainer as T
+from reasonrl.train import trainer as T
 from reasonrl.cli import main
 
 mode, marker = sys.argv[1], Path(sys.argv[2])

@@ -16,10 +16,10 @@ import pytest
 from reasonrl.cli import main
 from reasonrl.evaluate import PromptResult, format_verdict, probe_metrics, probe_report, summarize
 from reasonrl.evaluate.metrics import ProbeThresholds, mean_share_correct, pass_at_k, probe_verdict
-from reasonrl.metrics import ZeroRewardWatch, zero_reward_warning
 from reasonrl.report import Plot, eval_description, load_run, plot_title
-from reasonrl.run import existing_run_message, run_state
 from reasonrl.tracking import counted, ticking
+from reasonrl.train.run_dir import existing_run_message, run_state
+from reasonrl.train.step_metrics import ZeroRewardWatch, zero_reward_warning
 
 REPO = Path(__file__).parent.parent
 SMOKE = str(REPO / "configs" / "smoke.yaml")
@@ -33,7 +33,7 @@ def forbid_model_loading(monkeypatch) -> None:
     """A command that must stop before any model loads fails the test if one is built."""
     def refuse(*args, **kwargs):
         raise AssertionError("the workers were built")
-    monkeypatch.setattr("reasonrl.trainer.build_workers", refuse)
+    monkeypatch.setattr("reasonrl.train.trainer.build_workers", refuse)
 
 
 # ---- a record in another layout than data.format ---------------------------------------------

@@ -13,7 +13,7 @@ from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig, load_config
 from reasonrl.errors import ConfigError, TrainingAborted
 from reasonrl.policy.critic import CriticWorker, ValueModel
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 PROMPTS = [[1, 5, 9, 11], [1, 5, 9, 11], [3, 4], [2, 3, 7]]

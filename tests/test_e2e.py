@@ -14,7 +14,7 @@ from reasonrl.config import load_config
 from reasonrl.policy.model import load_model_and_tokenizer
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rollout import SamplingParams
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 
 def run_cli(tmp_path, *overrides):

@@ -33,7 +33,7 @@ from reasonrl.evaluate import (
 )
 from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import VERIFIERS
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 SMOKE = ["--config", "configs/smoke.yaml", "--no-progress"]
 LENGTH_REWARD = ["reward.fn=tests/fixtures/length_reward.py:length", "reward.isolate_fn=false"]

@@ -20,7 +20,7 @@ from test_checkpoint import STEPS, TRAINS, assert_same_run, metrics, smoke_cfg, 
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.errors import DataError, TrainingAborted
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 FAILING = f"{REPO / 'tests' / 'fixtures' / 'custom_reward.py'}:always_fails"

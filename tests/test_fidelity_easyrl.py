@@ -28,11 +28,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.errors import GroundTruthError
 from reasonrl.rewards import check_examples, score_examples
+from reasonrl.train.advantage_stage import estimate_advantages
 
 RECIPE = Path(__file__).parent.parent / "configs" / "recipes" / "easyrl_math.yaml"
 LONG = "Let me compute step by step. " * 300

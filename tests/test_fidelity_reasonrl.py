@@ -24,11 +24,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
 from reasonrl.rewards import score_examples
+from reasonrl.train.advantage_stage import estimate_advantages
 
 RECIPE = Path(__file__).parent.parent / "configs" / "recipes" / "reasonrl_strict_math.yaml"
 LONG = "Let me compute step by step. " * 300

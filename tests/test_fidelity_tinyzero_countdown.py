@@ -28,7 +28,7 @@ from reasonrl.config import load_config
 from reasonrl.data.formats import countdown_record
 from reasonrl.data.prompts import render_prompt
 from reasonrl.rewards import score_examples, verifier_for
-from reasonrl.rewards.arithmetic import NotArithmetic
+from reasonrl.rewards.safe_arithmetic import NotArithmetic
 from reasonrl.rewards.tinyzero import (
     MAX_INT_BITS,
     TEMPLATES,

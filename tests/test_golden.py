@@ -67,7 +67,7 @@ def machine() -> dict[str, str]:
 def run(name: str, out: Path) -> list[dict]:
     """The run's metrics.jsonl rows without wall-clock timings, memory peaks and tokens/s."""
     from reasonrl.config import load_config
-    from reasonrl.trainer import train
+    from reasonrl.train.trainer import train
 
     config, extra = RUNS[name]
     cfg = load_config(REPO / "configs" / config, [*COMMON, *extra, f"trainer.output_dir={out}",

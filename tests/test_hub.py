@@ -86,7 +86,7 @@ def test_training_and_eval_by_hub_id(hub, tmp_path, capsys):
 def test_the_vllm_engine_serves_a_model_loaded_by_hub_id(hub, tmp_path):
     """vLLM starts from the policy's weights (a folder written from the model loaded by id)."""
     from reasonrl.config import load_config
-    from reasonrl.trainer import train
+    from reasonrl.train.trainer import train
 
     cfg = load_config(REPO / "configs" / "smoke.yaml", [
         f"model.path={REPO_ID}", "rollout.engine=vllm", "trainer.steps=1", f"trainer.output_dir={tmp_path}",
@@ -235,7 +235,7 @@ def test_a_typo_in_a_dataset_id_stops_the_run_before_the_model_loads(hub_data, m
     """The held-out split (the config's openai/gsm8k, cached) loads; the training id has a typo."""
     import datasets
 
-    import reasonrl.trainer
+    import reasonrl.train.trainer
 
     load = datasets.load_dataset
 
@@ -246,7 +246,7 @@ def test_a_typo_in_a_dataset_id_stops_the_run_before_the_model_loads(hub_data, m
             "Dataset 'openai/gsm8kk' doesn't exist on the Hub or cannot be accessed.")
 
     monkeypatch.setattr(datasets, "load_dataset", hub)
-    monkeypatch.setattr(reasonrl.trainer, "build_workers",
+    monkeypatch.setattr(reasonrl.train.trainer, "build_workers",
                         lambda cfg: pytest.fail("the workers (and the model) were built before the data"))
     assert main(["train", str(REPO / "configs" / "gsm8k.yaml"), "data.train_path=openai/gsm8kk",
                  f"trainer.output_dir={tmp_path}", "trainer.progress=false"]) == 2

@@ -19,7 +19,7 @@ from reasonrl.checkpoint import list_checkpoints, read_checkpoint
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, TrainingAborted
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 SMOKE = REPO / "configs" / "smoke.yaml"

@@ -27,7 +27,7 @@ from helpers import (
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, WeightSyncError
 from reasonrl.placement import InProcessCopy, StreamedBuckets, WeightSync, build_workers, preflight
-from reasonrl.trainer import Trainer, train
+from reasonrl.train.trainer import Trainer, train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -367,7 +367,7 @@ def test_proxies_are_the_declared_worker_apis_and_the_workers_implement_them():
     from reasonrl.rollout import RolloutEngine, RolloutWorker
     from reasonrl.rollout.hf import HFEngine
     from reasonrl.rollout.vllm import VLLMEngine
-    from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
+    from reasonrl.worker_protocols import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
 
     for proxy, api in ((RemotePolicy, PolicyWorkerAPI), (RemoteRollout, RolloutWorkerAPI)):
         public = {n for n in dir(proxy) if not n.startswith("_") and callable(getattr(proxy, n))}
@@ -404,7 +404,8 @@ def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_sess
         return NoClose()
 
     monkeypatch.setattr(reasonrl.placement.actors, "_build_rollout", rollout_without_close)
-    with pytest.raises(PlacementError, match=r"ray: the rollout worker has no close \(reasonrl.workers"):
+    with pytest.raises(PlacementError,
+                       match=r"ray: the rollout worker has no close \(reasonrl.worker_protocols"):
         reasonrl.placement.build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray"))
     deadline = time.time() + 10  # the actors were killed: their CPUs come back
     while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:

@@ -116,7 +116,7 @@ def test_every_recipe_header_says_what_it_reproduces(name):
 @pytest.mark.parametrize("epochs, prompts, steps", [(1, 20, 10), (0.25, 20, 3), (2, 7, 7), (0.01, 5, 1)])
 def test_epochs_count_steps_over_the_training_prompts(epochs, prompts, steps):
     """steps = ceil(epochs x prompts / (batch_size / n)): 8 completions of 4 = 2 prompts per step."""
-    from reasonrl.trainer import with_epochs
+    from reasonrl.train.trainer import with_epochs
 
     cfg = load_config(None, [f"trainer.epochs={epochs}", "trainer.batch_size=8", "rollout.n=4"])
     assert with_epochs(cfg, prompts).trainer.steps == steps

@@ -23,7 +23,7 @@ from helpers import assert_metrics_close, interrupt_after, keep_torch_threads, m
 from reasonrl.checkpoint.config_check import RESUME_CHANGEABLE
 from reasonrl.cli import main
 from reasonrl.errors import ConfigError, TrainingInterrupted
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 BASE = ["trainer.steps=4", "optim.schedule=cosine", "optim.min_lr_ratio=0.1", "trainer.save_every=2",
         "trainer.keep_last=0"]

@@ -36,8 +36,8 @@ from reasonrl.errors import (
     StorageError,
     TrainingAborted,
 )
-from reasonrl.run import LOCK_FILE, RunLock
-from reasonrl.trainer import Trainer
+from reasonrl.train.run_dir import LOCK_FILE, RunLock
+from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parent.parent
 
@@ -434,7 +434,7 @@ def test_a_resume_while_the_run_trains_is_refused(tmp_path, capsys):
 def test_a_dead_holders_lock_is_taken_over(tmp_path, capsys):
     """A process that dies holding the lock (kill -9) leaves the file with its pid; the kernel
     dropped the flock, so the next run takes it over and says whose it was."""
-    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom reasonrl.run import RunLock\n"
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom reasonrl.train.run_dir import RunLock\n"
             "lock = RunLock.take(Path(sys.argv[1]))\nprint(os.getpid(), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)")
     child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r")], cwd=REPO, capture_output=True,

@@ -30,7 +30,7 @@ from helpers import (
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
 from reasonrl.policy.learner import LAYOUT_METRICS
-from reasonrl.trainer import Trainer, train
+from reasonrl.train.trainer import Trainer, train
 
 # ---- config -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.config import load_config
-from reasonrl.trainer import Trainer
+from reasonrl.train.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CD = '{"numbers": [3, 5, 7, 9], "target": 24}'

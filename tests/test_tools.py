@@ -26,7 +26,7 @@ import pytest
 
 from reasonrl.errors import ConfigError, SandboxError
 from reasonrl.registry import TOOLS, Entry
-from reasonrl.rewards.arithmetic import COUNTDOWN_RULES, NotArithmetic, evaluate_arithmetic
+from reasonrl.rewards.safe_arithmetic import COUNTDOWN_RULES, NotArithmetic, evaluate_arithmetic
 from reasonrl.tools import Limits, Observation, ToolStats, call_tool, run_python, sandbox_plan
 from reasonrl.tools.calculator import MAX_CHARS, calculate
 from reasonrl.tools.sandbox import bounds as bounds_module

@@ -129,7 +129,7 @@ def test_gpu_memory_metrics_only_when_this_process_uses_a_gpu(monkeypatch):
     a CPU run logs none (and touches no CUDA call)."""
     import torch
 
-    from reasonrl.trainer import gpu_memory_metrics, reset_gpu_peak
+    from reasonrl.train.trainer import gpu_memory_metrics, reset_gpu_peak
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     reset_gpu_peak()

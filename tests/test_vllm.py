@@ -299,7 +299,7 @@ def test_vllm_multi_turn_token_in_token_out(vllm_setup):
 
 @needs_vllm
 def test_vllm_one_training_step_end_to_end(tmp_path):
-    from reasonrl.trainer import Trainer
+    from reasonrl.train.trainer import Trainer
 
     cfg = load_config(Path(__file__).parent.parent / "configs" / "smoke.yaml", [
         "rollout.engine=vllm", "algo.importance_correction=tis", "trainer.steps=1",

@@ -34,7 +34,7 @@ One module per job:
     config_check.py  the config a resume may not change, its hash
     records.py       step records as plain data (the batches in flight of asynchronous training)
 
-`reasonrl.run` (the run directory) is the one user of most of it; this package knows
+`reasonrl.train.run_dir` (the run directory) is the one user of most of it; this package knows
 nothing of runs beyond their `checkpoints/` folder.
 """
 

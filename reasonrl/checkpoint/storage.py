@@ -2,7 +2,7 @@
 the path, the bytes needed and the bytes free.
 
 Checkpoints are the largest writes of a run, but the run directory's other files (its lock,
-config, logs) fail the same ways, so `reasonrl.run` words those failures here too. Other
+config, logs) fail the same ways, so `reasonrl.train.run_dir` words those failures here too. Other
 failures are left to propagate as they are.
 """
 

@@ -61,7 +61,7 @@ def train_command(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg), end="")
         return 0
     from reasonrl.errors import TrainingAborted, TrainingInterrupted
-    from reasonrl.trainer import train
+    from reasonrl.train.trainer import train
 
     try:
         train(cfg, overwrite=args.overwrite)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from reasonrl.batch import Example
 from reasonrl.config import DEFAULT_SYSTEM_PROMPT, DataConfig
 from reasonrl.data.arithmetic import arithmetic_examples
-from reasonrl.data.calculator import CALCULATOR_SYSTEM_PROMPT, calculator_examples
+from reasonrl.data.calculator_task import CALCULATOR_SYSTEM_PROMPT, calculator_examples
 from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.files import load_files
 from reasonrl.data.piecewise import piecewise_examples

@@ -22,7 +22,7 @@ from reasonrl.config import Config
 from reasonrl.errors import DataError
 from reasonrl.evaluate.metrics import PromptResult, final_answer, majority_vote
 from reasonrl.rollout.base import SamplingParams
-from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI
+from reasonrl.worker_protocols import PolicyWorkerAPI, RolloutWorkerAPI
 
 GENERATE_BATCH = 64  # sequences per generate call (prompts per call = this // n)
 

@@ -55,7 +55,7 @@ from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import ENGINES, needs_critic
 from reasonrl.rng import seed_everything
 from reasonrl.rollout import RolloutWorker
-from reasonrl.workers import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, missing_methods
+from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, missing_methods
 
 # what every actor process gets in its environment (besides REASONRL_HOME when set here)
 ACTOR_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
@@ -236,7 +236,7 @@ def check_api(actors: list[tuple[str, Any, Any]], missing: list[list[str]]) -> N
                for (name, _, _), m in zip(actors, missing, strict=True) if m]
     if lacking:
         stop_actors([actor for _, actor, _ in actors])
-        raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.workers declares them)")
+        raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.worker_protocols declares them)")
 
 
 def check_capacity(cfg: Config, critics: int) -> None:

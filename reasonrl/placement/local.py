@@ -25,7 +25,7 @@ from reasonrl.policy.model import load_model_and_tokenizer
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import needs_critic
 from reasonrl.rollout import RolloutWorker, make_engine
-from reasonrl.workers import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI
+from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

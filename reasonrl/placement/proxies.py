@@ -1,5 +1,5 @@
 """The trainer's side of ray mode: proxies with exactly the declared worker APIs
-(`reasonrl.workers`), each method one remote call on the worker's actors (`ActorGroup`),
+(`reasonrl.worker_protocols`), each method one remote call on the worker's actors (`ActorGroup`),
 within `placement.call_timeout`, with errors naming the worker and the resources it holds.
 Ray is imported inside the functions that call it: this module loads without the extra.
 """
@@ -13,7 +13,7 @@ import torch
 from reasonrl.batch import Rollouts
 from reasonrl.errors import PlacementError, WeightSyncError
 from reasonrl.rollout import RolloutWorker, prompt_seeds
-from reasonrl.workers import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, api_methods
+from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, api_methods
 
 
 def resources_of(role) -> dict[str, float]:

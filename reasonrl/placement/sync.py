@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from reasonrl.errors import WeightSyncError
-from reasonrl.workers import PolicyWorkerAPI, RolloutWorkerAPI
+from reasonrl.worker_protocols import PolicyWorkerAPI, RolloutWorkerAPI
 
 if TYPE_CHECKING:
     from reasonrl.placement.proxies import ActorGroup

@@ -6,7 +6,7 @@
     numeric.py, gsm8k.py, math_equiv.py, countdown.py, piecewise.py   the task verifiers
     tinyzero.py    TinyZero's Countdown score (countdown_rule=tinyzero), computed without eval
     math_rules.py  other systems' math rewards as written there (reward.math_rule)
-    extract.py, format.py, arithmetic.py   answer extraction, format rules, safe arithmetic
+    extract.py, format.py, safe_arithmetic.py   answer extraction, format rules, safe arithmetic
     pool.py, worker.py   isolated reward calls in worker processes with hard timeouts
     failures.py    reward failures a user can see
 

@@ -29,9 +29,14 @@ from fractions import Fraction
 
 from reasonrl.errors import GroundTruthError
 from reasonrl.registry import COUNTDOWN_SCORING, VERIFIERS
-from reasonrl.rewards.arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic, parse_arithmetic
 from reasonrl.rewards.extract import extract_answer_tag, extract_boxed
 from reasonrl.rewards.numeric import canonical_answer
+from reasonrl.rewards.safe_arithmetic import (
+    ArithmeticRules,
+    NotArithmetic,
+    evaluate_arithmetic,
+    parse_arithmetic,
+)
 from reasonrl.rewards.tinyzero import tinyzero_score
 
 MAX_EQUATION_CHARS = 200  # bounds the parse and the walk: nothing longer is a sane equation
@@ -73,7 +78,7 @@ def parse_equation(equation: str) -> ast.AST | None:
 
     Only digits, whitespace, + - * / and parentheses pass the character check, and the tree
     may only hold binary + - * / over integer literals: no unary minus, no powers, no names,
-    no calls, so `__import__('os')` and `9**9**9` are not equations (`rewards/arithmetic.py`).
+    no calls, so `__import__('os')` and `9**9**9` are not equations (`rewards/safe_arithmetic.py`).
     """
     try:
         return parse_arithmetic(equation, _RULES)

@@ -50,8 +50,8 @@ import operator
 import re
 from collections.abc import Callable
 
-from reasonrl.rewards.arithmetic import NotArithmetic
 from reasonrl.rewards.extract import all_between
+from reasonrl.rewards.safe_arithmetic import NotArithmetic
 
 TEMPLATES = {  # reward.tinyzero_template -> the prompt's end, as TinyZero's decoded text holds it
     "qwen-instruct": "<|im_start|>assistant\n",

@@ -3,7 +3,7 @@
 The steps' batches are collected on a rollout side of their own (`sides`: the rollout process
 in local placement, a thread driving the rollout replicas in ray placement; the rollout engine,
 the prompt sampler, the reward functions and DAPO's resampling, all of
-`reasonrl.collect.collect_batch`) while the trainer trains, on the fixed schedule of
+`reasonrl.source.collect.collect_batch`) while the trainer trains, on the fixed schedule of
 `schedule.version_for`: at most K batches in flight, the rollout of step v + K overlapping the
 updates of steps v .. v + K - 1. The trainer's handle drives the side by one ordered stream of
 commands (`channel`): each version's weights when a batch needs them (a `snapshot` of the

@@ -24,9 +24,9 @@ import torch
 
 from reasonrl.batch import StepBatch
 from reasonrl.checkpoint import from_plain, to_plain
-from reasonrl.collect import collect_batch
 from reasonrl.config import Config
 from reasonrl.rollout import SamplingParams
+from reasonrl.source.collect import collect_batch
 
 
 @dataclass

@@ -1,17 +1,17 @@
 """`OnPolicy`: the batch source of the on-policy loop (trainer.max_staleness = 0). Each step's
-batch is collected when the step asks for it (`reasonrl.collect.collect_batch`: the rollout
+batch is collected when the step asks for it (`reasonrl.source.collect.collect_batch`: the rollout
 worker, the prompt sampler, the rewards), by the policy as it is; each new version is pushed
 to the rollout engine(s) and checked there (`WeightSync.push`)."""
 
 from __future__ import annotations
 
 from reasonrl.batch import StepBatch
-from reasonrl.collect import collect_batch
 from reasonrl.config import Config
 from reasonrl.data import PromptSampler
 from reasonrl.errors import WeightSyncError
 from reasonrl.placement import WeightSync, Workers
 from reasonrl.rollout import SamplingParams
+from reasonrl.source.collect import collect_batch
 from reasonrl.source.held_out import held_out_metrics
 from reasonrl.source.sides import SideParts
 

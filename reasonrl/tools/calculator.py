@@ -1,6 +1,6 @@
 """The `calculator` tool: an arithmetic expression, parsed and computed exactly, never evaluated.
 
-The expression goes through `reasonrl.rewards.arithmetic` (the Countdown verifier's safe
+The expression goes through `reasonrl.rewards.safe_arithmetic` (the Countdown verifier's safe
 arithmetic) with wider rules: decimals (exact: 0.1 is 1/10), unary minus, and powers whose
 integer exponent is at most `MAX_EXPONENT` in magnitude; at most `MAX_CHARS` characters and
 `MAX_DIGITS` digits in any intermediate value. `^` is read as a power, `×` `·` as `*`, `÷`
@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from reasonrl.registry import TOOLS
-from reasonrl.rewards.arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic
+from reasonrl.rewards.safe_arithmetic import ArithmeticRules, NotArithmetic, evaluate_arithmetic
 from reasonrl.tools.base import ToolArgumentError, text_argument
 from reasonrl.tools.sandbox import Limits, Observation
 

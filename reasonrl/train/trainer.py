@@ -22,29 +22,29 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.advantage import estimate_advantages
 from reasonrl.batch import StepBatch, TrainBatch
 from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.config import Config, to_dict
 from reasonrl.data import load_examples
 from reasonrl.errors import TrainingAborted
 from reasonrl.evaluate import eval_settings, record_plan
-from reasonrl.metrics import (
-    ZeroRewardWatch,
-    batch_metrics,
-    gpu_memory_metrics,
-    reset_gpu_peak,
-    zero_reward_warning,
-)
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import SamplingParams, check_prompt_lengths
-from reasonrl.run import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
 from reasonrl.source import BatchSource, make_source, trainer_threads
 from reasonrl.tracking import Tracker, counted
+from reasonrl.train.advantage_stage import estimate_advantages
+from reasonrl.train.run_dir import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
+from reasonrl.train.step_metrics import (
+    ZeroRewardWatch,
+    batch_metrics,
+    gpu_memory_metrics,
+    reset_gpu_peak,
+    zero_reward_warning,
+)
 
 
 @dataclass
