@@ -8,10 +8,14 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, OptimConfig, load_config
@@ -168,3 +172,95 @@ def interrupt_after(trainer, step: int = 2) -> None:
         return out
 
     trainer.step = stepping
+
+
+# ---- 4-step runs stopped and resumed, compared bitwise with an uninterrupted one ---------------
+# (test_checkpoint, test_run_dir, test_failures)
+
+RESUME_STEPS = 4
+# a reward that varies within groups, so that every step changes weights and optimizer state
+RESUME_TRAINS = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:length",
+                 "reward.isolate_fn=false", "optim.lr=1e-4"]
+
+
+def resume_cfg(out: Path, name: str, *overrides: str):
+    return load_config(REPO / "configs" / "smoke.yaml", [
+        f"trainer.output_dir={out}", f"trainer.run_name={name}", "trainer.progress=false",
+        f"trainer.steps={RESUME_STEPS}", "trainer.threads=1", *RESUME_TRAINS, *overrides])
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoints" / f"step_{RESUME_STEPS}" / "huggingface" / "model.safetensors")
+
+
+def run_metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without wall-clock timings and GPU memory peaks (allowed to differ)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "mem/")) and k != "rollout/tokens_per_s"} for r in rows]
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    a, b = final_weights(run), final_weights(reference)
+    assert a.keys() == b.keys()
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert diff == 0.0, f"final weights differ by up to {diff}"
+    assert run_metrics(run) == run_metrics(reference)
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples == [json.loads(x) for x in (reference / "samples.jsonl").read_text().splitlines()]
+
+
+STOPPABLE_CHILD = """
+import sys, time
+from pathlib import Path
+from reasonrl.train import trainer as T
+from reasonrl.cli import main
+
+mode, marker = sys.argv[1], Path(sys.argv[2])
+step, save = T.Trainer.step, T.Trainer.save_checkpoint
+
+def slow_step(self):
+    out = step(self)
+    if mode == "term" and self.step_count == 2:  # wait here for the parent's SIGTERM
+        marker.write_text("step 2")
+        deadline = time.time() + 120
+        while self.stop.requested is None and time.time() < deadline:
+            time.sleep(0.05)
+    return out
+
+def slow_save(self, run_dir, *args, **kwargs):
+    if mode == "kill" and self.step_count == 2:  # hang half-way through writing step_2
+        write = self.policy.save_pretrained
+        def hang(path, tokenizer=None):
+            write(path, tokenizer)
+            marker.write_text("writing step_2")
+            time.sleep(120)
+        self.policy.save_pretrained = hang
+    return save(self, run_dir, *args, **kwargs)
+
+T.Trainer.step, T.Trainer.save_checkpoint = slow_step, slow_save
+sys.exit(main(["train", *sys.argv[3:]]))
+"""
+
+
+def run_child(tmp_path: Path, mode: str, sig: int, *overrides: str,
+              during=None) -> subprocess.CompletedProcess:
+    """A training child stopped by `sig` where `mode` makes it wait (after step 2 for "term",
+    half-way through writing step_2 for "kill"); `during(pid)` runs while it waits."""
+    marker = tmp_path / "marker"
+    args = ["configs/smoke.yaml", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
+            "trainer.progress=false", f"trainer.steps={RESUME_STEPS}", "trainer.threads=1", *RESUME_TRAINS,
+            *overrides]
+    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE_CHILD, mode, str(marker), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate(timeout=5)
+    try:
+        if during is not None:
+            during(proc.pid)
+    finally:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

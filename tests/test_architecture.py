@@ -1,6 +1,7 @@
 """docs/architecture.md cannot drift from the code: the layers it draws are the import-linter
 contract's in pyproject.toml, the stages of its step are the ones `Trainer.step` times and
-the report plots, and every Python excerpt on it is quoted from the source."""
+the report plots, every Python excerpt on it is quoted from the source, its file tree is the
+package's, its protocol and registry tables are the code's, and tests/ mirrors the package."""
 
 from __future__ import annotations
 
@@ -205,3 +206,62 @@ def test_the_registry_table_is_every_registry_and_its_entries():
         assert ticked(row[2]) == list(getattr(registry, name).names()), name
     fields = {key for entry in registry.ENGINES for key in entry.info}
     assert set(re.findall(r"`(\w+)`:", by_name["ENGINES"][3])) == fields
+
+
+# ---- the tests mirror the package --------------------------------------------------------------
+
+def layout_problems(tests: Path, package: Path) -> list[str]:
+    """What in `tests` does not mirror `package`: tests/<package>/ holds the tests of
+    reasonrl/<package>/ (one folder per package, none for anything else), tests/test_<module>.py
+    those of a top-level module reasonrl/<module>.py (and test_architecture.py, the page's),
+    tests/e2e/ the end-to-end runs, fixtures/ and golden/ their data. No __init__.py: a test
+    module is imported by its base name, so no two share one; and none imports another (a test
+    module of another folder imports only if pytest happened to collect that folder first)."""
+    packages = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "__main__"}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    folders -= {"e2e", "fixtures", "golden"}
+    problems = [f"tests/{name}/ tests no package of reasonrl/" for name in sorted(folders - packages)]
+    problems += [f"reasonrl/{name}/ has no tests/{name}/" for name in sorted(packages - folders)]
+    problems += [f"tests/{p.name} tests no module reasonrl/{p.name.removeprefix('test_')}"
+                 for p in sorted(tests.glob("test_*.py"))
+                 if p.stem.removeprefix("test_") not in modules | {"architecture"}]
+    names = [p.name for p in tests.rglob("test_*.py")
+             if p.relative_to(tests).parts[0] not in ("fixtures", "golden")]
+    problems += [f"{name} twice" for name in sorted({n for n in names if names.count(n) > 1})]
+    problems += [f"{p.relative_to(tests.parent)}: no __init__.py in tests/"
+                 for p in sorted(tests.rglob("__init__.py"))]
+    problems += [f"{p.relative_to(tests.parent)} imports a test module: what tests share is in helpers.py"
+                 for p in sorted(tests.rglob("test_*.py"))
+                 if re.search(r"^\s*(from|import) test_\w+", p.read_text(encoding="utf-8"), re.M)]
+    return problems
+
+
+def test_the_tests_mirror_the_package():
+    assert layout_problems(REPO / "tests", REPO / "reasonrl") == []
+    e2e = {p.name for p in (REPO / "tests" / "e2e").glob("test_*.py")}
+    assert {"test_e2e.py", "test_golden.py", "test_recipes.py", "test_docs.py", "test_algo_grid.py"} <= e2e
+
+
+def test_a_test_out_of_place_is_caught(tmp_path):
+    package, tests = tmp_path / "reasonrl", tmp_path / "tests"
+    for path in ["algo/__init__.py", "data/__init__.py", "batch.py", "__init__.py"]:
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).touch()
+    for path in ["algo/test_gae.py", "data/test_data.py", "e2e/test_e2e.py", "fixtures/x.py", "test_batch.py",
+                 "test_architecture.py", "__pycache__/x.pyc"]:
+        (tests / path).parent.mkdir(parents=True, exist_ok=True)
+        (tests / path).touch()
+    assert layout_problems(tests, package) == []
+    for path in ["trainer/test_trainer.py", "test_gae.py", "test_rewards.py", "algo/__init__.py"]:
+        (tests / path).parent.mkdir(parents=True, exist_ok=True)
+        (tests / path).touch()
+    (tests / "e2e" / "test_e2e.py").write_text("import torch\nfrom test_batch import RUNS\n")
+    (tests / "data" / "test_data.py").rename(tests / "algo" / "test_data.py")
+    (tests / "data").rmdir()
+    assert layout_problems(tests, package) == [
+        "tests/trainer/ tests no package of reasonrl/", "reasonrl/data/ has no tests/data/",
+        "tests/test_gae.py tests no module reasonrl/gae.py",
+        "tests/test_rewards.py tests no module reasonrl/rewards.py",
+        "test_gae.py twice", "tests/algo/__init__.py: no __init__.py in tests/",
+        "tests/e2e/test_e2e.py imports a test module: what tests share is in helpers.py"]

@@ -8,7 +8,7 @@ and tensors for training. The fast paths are worth keeping (they halve the CPU s
 first machine measured) but not trusted blindly: `rollout.hf_decoder=auto` measures the
 decoders on the run's own shapes and keeps the fastest (`calibrate`).
 
-A transformers upgrade breaks at most this subpackage; its tests are tests/test_accel.py.
+A transformers upgrade breaks at most this subpackage; its tests are tests/accel/test_accel.py.
 """
 
 from reasonrl.accel.calibrate import choose

@@ -1,6 +1,6 @@
 """The decoding entry point: which decoder runs a `generate` call of the HF engine.
 
-Three paths compute the same tokens (tests/test_accel.py checks each against the
+Three paths compute the same tokens (tests/accel/test_accel.py checks each against the
 transformers model):
 
 - `lean_mkl`: `LeanLlama` with its projections packed by MKL's GEMM for the decode batch

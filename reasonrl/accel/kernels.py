@@ -1,6 +1,6 @@
 """Memory-lean training kernels for Llama-family decoders (`optim.lean_kernels`, on by default).
 
-The same values and gradients as the transformers modules they replace (tests/test_kernels.py
+The same values and gradients as the transformers modules they replace (tests/accel/test_accel.py
 checks both against them), with fewer activations kept for the backward. On SmolLM2-135M a
 token costs about 1.5 MB of saved activations through the transformers modules; these three
 cut that by ~40 % (docs/performance.md):

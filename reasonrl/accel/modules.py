@@ -5,7 +5,7 @@ tricks that touch transformers' cache internals (hence here, not in `reasonrl.ro
 a KV cache that appends into preallocated room (`GrowingLayer`, a `DynamicLayer` subclass)
 and, on CPU, linear layers computing with transposed copies of their weights
 (`transposed_linear_weights`). A transformers upgrade that changes `DynamicLayer` breaks
-this file and tests/test_accel.py, nothing else.
+this file and tests/accel/test_accel.py, nothing else.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ rank. Only the micro-batches differ: rank r trains on the r-th of N contiguous s
 each mini-batch. Each rank's loss is its rows' share of the full-batch loss (the normalisers are
 global), so the *sum* over ranks of the gradients is the gradient one process would get on
 the whole batch: FSDP's gradient reduce-scatter is set to sum (divide factor 1) instead of
-its default average. Checked in tests/test_scaling.py (2 gloo ranks vs 1 process).
+its default average. Checked in tests/policy/test_scaling.py (2 gloo ranks vs 1 process).
 
 FSDP gathers and reduces inside every forward and backward, so all ranks must run the same
 number of them: a rank with fewer micro-batches pads with copies whose loss mask is zero

@@ -3,7 +3,7 @@
 A recipe that names a system scores as that system does; reasonrl's own rule (`extracted`,
 `math_equiv.py`) is the default elsewhere. Each rule here is written from the original's code
 (cited in its docstring) and tested against a table of that code's own scores
-(tests/test_fidelity_*.py). They call math-verify as the original does: the same `parse`
+(tests/rewards/test_fidelity_*.py). They call math-verify as the original does: the same `parse`
 extraction settings and the same argument order to `verify` (ReasonRL and EasyRL pass the
 prediction where math-verify expects the gold), with math-verify's own timeouts off (they use
 SIGALRM; the reward worker's `reward.timeout` bounds the whole call instead, `pool.py`).
