@@ -8,6 +8,7 @@
     step_metrics.py     a step's `reward/`, `advantage/`, `rollout/`, `env/`, `mem/` metrics and
                         the zero-reward watch
     run_dir.py          the run directory: open, resume, log truncation, checkpoints, signals
+    bad_steps.py        which steps are bad, what the run says of them, when it stops
 
 The batch a step trains on comes from `reasonrl.source`, below this package.
 """

@@ -26,7 +26,6 @@ from reasonrl.batch import StepBatch, TrainBatch
 from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.config import Config, to_dict
 from reasonrl.data import load_examples
-from reasonrl.errors import TrainingAborted
 from reasonrl.evaluate import eval_settings, record_plan
 from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
@@ -37,6 +36,7 @@ from reasonrl.rollout import SamplingParams, check_prompt_lengths
 from reasonrl.source import BatchSource, make_source, trainer_threads
 from reasonrl.tracking import Tracker, counted
 from reasonrl.train.advantage_stage import estimate_advantages
+from reasonrl.train.bad_steps import BadSteps
 from reasonrl.train.run_dir import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
 from reasonrl.train.step_metrics import (
     ZeroRewardWatch,
@@ -147,9 +147,7 @@ class Trainer:
         self.source = make_source(cfg, self.workers, self.train_examples, self.held_out, self.eval_settings,
                                   sampling)
         self.step_count = 0
-        self.bad_steps = 0  # steps in a row with a non-finite loss or gradient, or no reward at all
-        self.bad_reason = ""  # what made the last bad step bad
-        self.bad_lr: str | None = None  # the learning rate to lower after it (optim.lr, critic.lr)
+        self.bad = BadSteps(cfg, self.run.last_good)  # steps in a row with a non-finite update or no reward
         self.reward_failures = FailureLog()
         self.zero_rewards = ZeroRewardWatch()  # steps in a row with every reward 0: said once
         self.resumed: dict | None = None  # the trainer_state of the checkpoint resumed from
@@ -171,7 +169,7 @@ class Trainer:
             self.critic.load_weights(read_critic_weights(path / CRITIC_DIR))
             self.critic.load_state_dict(tensors["critic"])
         self.source.restore(state["sampler"], tensors.get("in_flight"))
-        self.step_count, self.bad_steps = state["step"], state["bad_steps"]
+        self.step_count, self.bad.count = state["step"], state["bad_steps"]
         if changes:
             print(f"[reasonrl] resuming with changed settings, in force from step {self.step_count + 1}: "
                   + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()), flush=True)
@@ -207,7 +205,7 @@ class Trainer:
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
                                rollouts.sampler_logprobs, rollouts.token_mask, ref)
             metrics.update(timed(times, "update", self.policy.train_step, train))
-        self.stop_if_weights_broke(metrics)  # before the sync: non-finite weights go nowhere
+        self.bad.stop_if_weights_broke(self.step_count + 1, metrics)  # before the sync: they go nowhere
         self.step_count += 1  # the policy is now at version step_count
         timed(times, "sync", self.source.publish, self.step_count, self.eval_due(self.step_count))
         times["step"] = time.perf_counter() - t0
@@ -257,7 +255,7 @@ class Trainer:
         sampler, in_flight = self.source.state(self.step_count)
         extra = None if in_flight is None else {"in_flight": in_flight}
         state = {"sampler": sampler, "config": config, "config_hash": config_hash(config),
-                 "eval_before": eval_before, "bad_steps": self.bad_steps}
+                 "eval_before": eval_before, "bad_steps": self.bad.count}
         return self.run.save(self.step_count, self.policy, self.workers.tokenizer, state,
                              self.cfg.model.lora.save_merged, self.cfg.trainer.keep_last, self.critic,
                              extra=extra)
@@ -268,73 +266,6 @@ class Trainer:
             print(f"[reasonrl] step {self.step_count}: a reward failed and scored 0: {message} (first of "
                   "its kind; later ones are counted in reward/errors, reward/timeouts)", file=sys.stderr,
                   flush=True)
-
-    def count_bad_step(self, metrics: dict[str, float], failures: list[str | None] | None) -> None:
-        """A bad step: the policy or critic update met a non-finite loss or gradient (skipped,
-        named with its likely causes), or every reward call failed (`failures`: the rows' reward
-        failures)."""
-        skipped = [(role, prefix) for role, prefix in (("policy", "train"), ("critic", "critic"))
-                   if metrics.get(f"{prefix}/updates", 0) > 0
-                   and metrics.get(f"{prefix}/skipped_update", 0) > 0]
-        no_reward = bool(failures) and all(f is not None for f in failures)
-        bad = bool(skipped) or no_reward
-        self.bad_steps = self.bad_steps + 1 if bad else 0
-        metrics["train/bad_steps"] = float(self.bad_steps)
-        self.bad_lr = None
-        if skipped:
-            role, prefix = skipped[0]
-            self.bad_lr = "optim.lr" if role == "policy" else "critic.lr"
-            norm, reward = metrics.get(f"{prefix}/grad_norm", math.nan), metrics.get("reward/mean", math.nan)
-            self.bad_reason = (f"non-finite loss or gradient in the {role} update ({prefix}/grad_norm="
-                               f"{norm:g}), update skipped: likely {self.bad_lr}="
-                               f"{self.learning_rate(self.bad_lr):g} too high (the weights diverged) or "
-                               f"rewards too large (reward/mean={reward:g})")
-        elif no_reward:
-            self.bad_reason = f"every reward call failed, e.g. {failures[0]}"
-        if bad:
-            print(f"[reasonrl] step {self.step_count}: {self.bad_reason} ({self.bad_steps} in a row; abort "
-                  f"at {self.cfg.trainer.max_bad_steps})", file=sys.stderr, flush=True)
-
-    def learning_rate(self, key: str) -> float:
-        """The configured value of `key`, optim.lr or critic.lr."""
-        return self.cfg.optim.lr if key == "optim.lr" else self.cfg.critic.lr
-
-    def way_on(self, lower: str | None) -> str:
-        """How a run stopped by bad steps goes on: the command that resumes from the last good
-        checkpoint (with the learning rate `lower`, optim.lr or critic.lr, lowered tenfold, and
-        to at most the default 1e-5), and that checkpoint; without one, that the run starts again."""
-        good = self.run.last_good()
-        if good is None:
-            again = f"lower {lower} and start the run again" if lower else "start the run again"
-            return f"no good checkpoint was written yet: {again}; the last good checkpoint is none"
-        change = "" if lower is None else (f" --allow-config-change {lower} "
-                                           f"{lower}={min(self.learning_rate(lower) / 10, 1e-5):g}")
-        return f"resume with: reasonrl train --resume {good}{change}; the last good checkpoint is {good}"
-
-    def stop_if_weights_broke(self, metrics: dict[str, float]) -> None:
-        """The step's policy or critic update left a weight NaN or inf (`nonfinite_weights`: the
-        learner checks after each optimizer step) although its loss and gradient were finite:
-        the run stops now (`TrainingAborted`, exit code 1), before the sync would push those
-        weights or a checkpoint could hold them; every later step would compute on them."""
-        for role, prefix, key in (("critic", "critic", "critic.lr"), ("policy", "train", "optim.lr")):
-            if metrics.get(f"{prefix}/nonfinite_weights"):
-                raise TrainingAborted(
-                    f"step {self.step_count + 1}: the {role} update made weights non-finite (NaN or inf) "
-                    f"from a finite loss and gradient ({prefix}/grad_norm="
-                    f"{metrics.get(f'{prefix}/grad_norm', math.nan):g}): {key}="
-                    f"{self.learning_rate(key):g} is far too high (AdamW moves each weight by up to about "
-                    f"the learning rate per step); nothing of this step was synced or saved; "
-                    f"{self.way_on(key)}")
-
-    def abort_if_stuck(self) -> None:
-        """`trainer.max_bad_steps` bad steps in a row (logged first) end the run, naming the last
-        good checkpoint and the command that resumes from it."""
-        if self.bad_steps >= self.cfg.trainer.max_bad_steps:
-            fix = (f"Lower {self.bad_lr} or scale the rewards down" if self.bad_lr else
-                   "Fix the reward function")
-            raise TrainingAborted(
-                f"{self.bad_steps} bad steps in a row (to step {self.step_count}), the last: "
-                f"{self.bad_reason}; stopping. {fix}; {self.way_on(self.bad_lr)}")
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety
@@ -415,7 +346,7 @@ class Trainer:
         """One step, its bad-step check, the held-out eval when due; all logged."""
         metrics, batch, advantages = self.step()
         self.report_reward_failures(batch.scores.failures)
-        self.count_bad_step(metrics, batch.scores.failures)
+        self.bad.update(self.step_count, metrics, batch.scores.failures)
         if self.zero_rewards.update(self.step_count, metrics):  # once per run
             cfg, first = self.cfg, self.zero_rewards.first
             tracker.write(zero_reward_warning(first, self.step_count, metrics, cfg.rollout.max_new_tokens,
@@ -426,7 +357,7 @@ class Trainer:
         tracker.log(self.step_count, metrics)
         tracker.samples(self.step_count, self.sample_rows(batch, advantages))
         tracker.progress(metrics)
-        self.abort_if_stuck()
+        self.bad.abort_if_stuck(self.step_count)
         return metrics, eval_after
 
     def finish(self, eval_before: dict, eval_after: dict, metrics: dict) -> RunResult:
