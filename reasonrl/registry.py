@@ -95,6 +95,7 @@ IMPORTANCE_LEVELS = Registry("algo.importance_level", "reasonrl.algo.importance"
 LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.aggregation")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl")
 VALUE_LOSSES = Registry("critic.value_loss", "reasonrl.algo.value_loss")
+LR_SCHEDULES = Registry("optim.schedule", "reasonrl.policy.schedules")
 ENGINES = Registry("rollout.engine", "reasonrl.rollout.engines")
 DATA_TASKS = Registry("data.task", "reasonrl.data.tasks")
 DATA_FORMATS = Registry("data.format", "reasonrl.data.formats")

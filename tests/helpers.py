@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from reasonrl.algo import LossSettings, ValueLossSettings
 from reasonrl.batch import Rollouts
-from reasonrl.config import AlgoConfig, OptimConfig, load_config
+from reasonrl.config import AlgoConfig, CriticConfig, OptimConfig, load_config
 from reasonrl.policy.forward import make_micro_batches
 from reasonrl.policy.learner import LAYOUT_METRICS
 from reasonrl.policy.worker import PolicySettings
@@ -57,6 +58,16 @@ def policy_settings(**values) -> PolicySettings:
     if "betas" in optim:
         optim["betas"] = list(optim["betas"])
     return PolicySettings(algo=AlgoConfig(**algo), optim=OptimConfig(**optim), **rest)
+
+
+def loss_settings(**changes) -> LossSettings:
+    """The `algo` section's defaults as the losses read them, with `changes` (each an `algo` key)."""
+    return LossSettings.of(AlgoConfig(), **changes)
+
+
+def value_loss_settings(**changes) -> ValueLossSettings:
+    """The `critic` section's defaults as the value losses read them, with `changes`."""
+    return ValueLossSettings.of(CriticConfig(), **changes)
 
 
 def patch_entry(monkeypatch, registry, name: str, fn, **info) -> None:

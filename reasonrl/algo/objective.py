@@ -15,6 +15,7 @@ say how they combine over micro-batches, data-parallel ranks and updates.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,9 @@ from reasonrl.algo.kl import kl_clamped, kl_estimate
 from reasonrl.algo.policy_loss import LossSettings
 from reasonrl.algo.value_loss import ValueLossSettings
 from reasonrl.registry import IMPORTANCE_CORRECTIONS, POLICY_LOSSES, VALUE_LOSSES
+
+# (logp, old_logp, advantages, mask, ctx) -> (per_token_loss, stats): `reasonrl.algo.policy_loss`
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ def extremes(name: str, per_token: torch.Tensor, mask: torch.Tensor) -> dict[str
 def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                      mask: torch.Tensor, s: LossSettings, totals: Totals,
                      entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
-                     engine_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Metric]]:
+                     engine_logp: torch.Tensor | None = None,
+                     loss_fn: PolicyLoss | None = None) -> tuple[torch.Tensor, dict[str, Metric]]:
     """(this micro-batch's share of the step's loss, its metrics). `logp` [M, T] with gradient;
     `old_logp`, `ref_logp` (the reference model's, when there is one) and `engine_logp` (the
     rollout engine's, when it reports them) [M, T] detached; `advantages` [M] or [M, >= T];
@@ -94,7 +99,10 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     engine log-probs there is no w at all, so the loss is bitwise the uncorrected one); the
     entropy bonus is the classic PPO one (Schulman et al. 2017, eq. 9); the KL term is GRPO's
     (Shao et al. 2024, eq. 3) with `algo.kl_estimator`. train/kl is logged whenever
-    there is a reference, whatever `beta` and `kl_in` are.
+    there is a reference, whatever `beta` and `kl_in` are. `loss_fn` is the policy loss
+    (`reasonrl.algo.policy_loss`'s signature); None = `s.policy_loss`'s `POLICY_LOSSES` entry. An
+    out-of-tree loss (`algo.loss_fn`) may leave out the `ratio` and `clamped` statistics every
+    built-in one returns: no ratio metrics are logged then, and no token counts as clamped.
 
     `clamped_frac`: the share of the step's tokens whose log-ratio a bound clamped
     (`reasonrl.algo.bounds`): the policy loss's (every loss reports its `clamped` tokens) or,
@@ -105,8 +113,11 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
                          totals.max_response_length)
 
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages[:, : logp.size(1)]
-    per_token, stats = POLICY_LOSSES.get(s.policy_loss)(logp, old_logp, adv, mask, s)
-    clamped = stats.pop("clamped")
+    per_token, stats = (loss_fn or POLICY_LOSSES.get(s.policy_loss))(logp, old_logp, adv, mask, s)
+    stats = dict(stats)
+    clamped = stats.pop("clamped", None)
+    if clamped is None:
+        clamped = torch.zeros_like(mask, dtype=torch.bool)
     metrics: dict[str, Metric] = {}
     if engine_logp is not None:
         diff = (engine_logp - old_logp).abs()
@@ -128,10 +139,11 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     metrics.update(loss=Metric(loss.item()), pg_loss=Metric(pg_loss.item()))
     if entropy is not None:
         metrics["entropy"] = Metric(token_share(entropy, mask, totals))
-    ratio = stats.pop("ratio")
+    ratio = stats.pop("ratio", None)
     metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in stats.items()})
-    metrics.update(ratio_mean=Metric(token_share(ratio, mask, totals)), **extremes("ratio", ratio, mask),
-                   clamped_frac=Metric(token_share(clamped, mask, totals)))
+    if ratio is not None:
+        metrics.update(ratio_mean=Metric(token_share(ratio, mask, totals)), **extremes("ratio", ratio, mask))
+    metrics.update(clamped_frac=Metric(token_share(clamped, mask, totals)))
     return loss, metrics
 
 

@@ -6,7 +6,8 @@
 `logp` [N, T] are the current policy's log-probs of the sampled tokens (with gradient),
 `old_logp` [N, T] those of the policy that sampled them (detached), `advantages` [N, 1] (one
 per completion) or [N, T] (per token, a critic's GAE), `mask` [N, T] 1 on the tokens that
-count, `ctx` the `LossSettings`. `per_token_loss` [N, T] is the negated objective (lower is
+count, `ctx` the `LossSettings` (the whole `algo` section by its keys' names: `ctx.clip_low`).
+`per_token_loss` [N, T] is the negated objective (lower is
 better), aggregated by `algo.loss_agg` afterwards; `stats` are detached per-token diagnostics,
 each logged as its token mean, and always hold `ratio`, the importance ratio pi / pi_old as the
 loss used it (also logged as its max and min), and `clamped`, the tokens whose log-ratio was
@@ -18,43 +19,29 @@ The importance ratio of the ratio-based losses is taken at `algo.ratio_level` (a
 `RATIO_LEVELS` entry): per token, or GSPO's per sequence, and always through
 `bounded_log_ratio`, which clamps it to the level's bounds (each entry's `bounds`): every loss
 is finite, in value and gradient, at any log-ratio, and unchanged, bitwise, inside the bounds.
+
+A loss's hyper-parameters are keys of the `algo` section, read from `ctx` by their config names
+(`ctx.sapo_tau_pos`): adding a loss with a new one is its decorated function here, its field in
+the schema's `AlgoConfig` and its test, nothing else. An out-of-tree loss (`algo.loss_fn`) has
+the same signature, plus `algo.loss_kwargs` as keyword arguments (`reasonrl.policy.worker`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import torch
 
 from reasonrl.algo.bounds import SEQUENCE_BOUNDS, TOKEN_BOUNDS, clamp_log_ratio
+from reasonrl.algo.settings import SectionValues
 from reasonrl.registry import POLICY_LOSSES, RATIO_LEVELS
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """The `algo` keys the objective and its losses read (the `ctx` of every loss), by the
-    config's names; `of(algo)` copies them from the config section."""
+class LossSettings(SectionValues):
+    """The `algo` section as the objective and its losses read it (the `ctx` of every loss):
+    each key by its config name, read-only; `LossSettings.of(algo)` takes every field of the
+    section (`reasonrl.algo.settings`)."""
 
-    policy_loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_ratio_c: float = 0.0
-    ratio_level: str = "token"
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    loss_agg: str = "token"
-    entropy_coef: float = 0.0
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    kl_in: str = "loss"
-    importance_correction: str = "none"
-    importance_level: str = "token"
-    importance_cap: float = 2.0
-    importance_floor: float = 0.5
-
-    @classmethod
-    def of(cls, algo) -> LossSettings:
-        return cls(**{f.name: getattr(algo, f.name) for f in fields(cls)})
+    __slots__ = ()
+    section = "algo"
 
 
 Stats = dict[str, torch.Tensor]

@@ -11,25 +11,21 @@ per-token diagnostics, each logged as its token mean (`reasonrl.algo.objective`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import torch
 
+from reasonrl.algo.settings import SectionValues
 from reasonrl.registry import VALUE_LOSSES
 
 Stats = dict[str, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class ValueLossSettings:
-    """The `critic` keys the value objective reads; `of(critic)` copies them from the config."""
+class ValueLossSettings(SectionValues):
+    """The `critic` section as the value objective and its losses read it (the `ctx` of every
+    value loss): each key by its config name, read-only; `ValueLossSettings.of(critic)` takes
+    every field of the section (`reasonrl.algo.settings`)."""
 
-    value_loss: str = "clipped"
-    cliprange_value: float = 0.5
-
-    @classmethod
-    def of(cls, critic) -> ValueLossSettings:
-        return cls(**{f.name: getattr(critic, f.name) for f in fields(cls)})
+    __slots__ = ()
+    section = "critic"
 
 
 @VALUE_LOSSES.register("clipped")

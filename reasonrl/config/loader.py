@@ -114,6 +114,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: Any = None) -> Any:
     A float must be finite; its message states the field's range from `meta` (a list's items
     are checked with the list's range)."""
     origin = typing.get_origin(tp)
+    if tp is Any:  # as YAML gave it (plain data): algo.loss_kwargs, an out-of-tree loss's own keywords
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a section (mapping), got {value!r}")

@@ -14,7 +14,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from reasonrl.config.schema import Config, CriticConfig, EnvConfig, PolicyPlacement, WorkerPlacement
+from reasonrl.config.schema import (
+    AlgoConfig,
+    Config,
+    CriticConfig,
+    EnvConfig,
+    PolicyPlacement,
+    WorkerPlacement,
+)
 from reasonrl.errors import ConfigError
 from reasonrl.registry import ADVANTAGES, DATA_TASKS, ENGINES, IMPORTANCE_CORRECTIONS, needs_critic
 
@@ -53,6 +60,10 @@ def rollout_rules(cfg: Config) -> None:
     need(tp == 1 or pl.mode == "local" or pl.rollout.num_gpus == tp,
          f"rollout.vllm.tensor_parallel_size: {tp} GPUs per engine need placement.rollout.num_gpus={tp} "
          f"(each rollout replica's actor must see {tp} GPUs), got {pl.rollout.num_gpus:g}")
+    need(r.threads == 0 or cfg.trainer.max_staleness > 0,
+         f"rollout.threads: {r.threads} threads of the rollout process, which only asynchronous training "
+         "runs (trainer.max_staleness > 0); with trainer.max_staleness=0 the rollout runs in the trainer's "
+         "process on trainer.threads: remove rollout.threads or set trainer.max_staleness")
 
 
 def env_rules(cfg: Config) -> None:
@@ -123,6 +134,23 @@ def algo_rules(cfg: Config) -> None:
          f"floor <= rho <= cap), got {a.importance_floor}")
     need(needs_critic(a.advantage) or (a.gamma, a.lam) == (1.0, 1.0),
          f"algo.gamma/algo.lam: only used by critic estimators (GAE); algo.advantage={a.advantage} has none")
+    loss_fn_rules(a)
+
+
+def loss_fn_rules(a: AlgoConfig) -> None:
+    """An out-of-tree policy loss (`algo.loss_fn`, loaded and its signature checked when the policy
+    worker is built: `reasonrl.policy.worker.policy_loss_fn`) replaces `algo.policy_loss`, and
+    `algo.loss_kwargs` are its alone."""
+    if not a.loss_fn:
+        need(not a.loss_kwargs, f"algo.loss_kwargs: {sorted(a.loss_kwargs)} are keyword arguments of an "
+             "out-of-tree loss (algo.loss_fn), which is not set; a built-in loss reads its hyper-parameters "
+             "from algo.* keys")
+        return
+    need(":" in a.loss_fn and all(a.loss_fn.rpartition(":")[::2]),
+         f"algo.loss_fn: expected module:function or path/file.py:function, got {a.loss_fn!r}")
+    need(a.policy_loss == AlgoConfig.policy_loss,
+         f"algo.loss_fn and algo.policy_loss: set one (algo.loss_fn={a.loss_fn!r} replaces the built-in "
+         f"algo.policy_loss={a.policy_loss!r})")
 
 
 def optim_rules(cfg: Config) -> None:

@@ -23,6 +23,7 @@ from reasonrl.registry import (
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
     MATH_SCORING,
     PIECEWISE_SCORING,
     POLICY_LOSSES,
@@ -245,7 +246,11 @@ class AlgoConfig:
     advantage: str = param("grpo", choices=ADVANTAGES)
     std_eps: float = param(1e-4, ge=0)
     std_ddof: int = param(1, ge=0, le=1)  # the std's divisor n - ddof: 1 = unbiased (torch, TRL), 0 = np.std
-    policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # ppo (clipped surrogate) | cispo | gmpo | sapo
+    policy_loss: str = param("ppo", choices=POLICY_LOSSES)  # a POLICY_LOSSES entry (algo/policy_loss.py)
+    # an out-of-tree policy loss instead: "module:function" or "path/file.py:function", with the
+    # built-in losses' signature (docs/algorithms.md); loss_kwargs are its own keyword arguments
+    loss_fn: str = ""
+    loss_kwargs: dict[str, Any] = param({})
     clip_low: float = param(0.2, ge=0)
     clip_high: float = param(0.2, ge=0)
     clip_ratio_c: float = param(0.0, ge=0)  # dual clip for negative advantages (> 1, e.g. 3); 0 = off
@@ -282,7 +287,8 @@ class OptimConfig:
     weight_decay: float = param(0.0, ge=0)
     betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
     eps: float = param(1e-8, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
+    # the LR schedule after the warm-up: an LR_SCHEDULES entry (reasonrl/policy/schedules.py)
+    schedule: str = param("constant", choices=LR_SCHEDULES)
     warmup_ratio: float = param(0.0, ge=0, lt=1)
     min_lr_ratio: float = param(0.0, ge=0, le=1)
     max_grad_norm: float = param(1.0, ge=0, zero="no clipping")  # > 0: clip to this norm; 0 = no clipping

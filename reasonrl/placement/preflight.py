@@ -15,6 +15,7 @@ from reasonrl.config import Config, check_context
 from reasonrl.envs import environment_spec
 from reasonrl.errors import ConfigError
 from reasonrl.policy.model import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
+from reasonrl.policy.worker import policy_loss_fn
 from reasonrl.registry import ENGINES, needs_critic
 from reasonrl.tracking import missing_extra
 
@@ -24,8 +25,10 @@ def preflight(cfg: Config) -> None:
     and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA, the GPUs one
     engine needs on this machine in local mode (its ENGINES entry's `machine_gpus`; ray mode:
     `check_capacity`, once Ray is up), the environment of multi-turn runs (env.fn's class, the
-    python tool's sandbox), and that the longest sequence fits the model's context
-    (`check_model_context`: its config.json only)."""
+    python tool's sandbox), an out-of-tree policy loss (`algo.loss_fn`: loaded and its
+    signature checked here too, so a ray-mode run fails in one line rather than inside an
+    actor), and that the longest sequence fits the model's context (`check_model_context`: its
+    config.json only)."""
     problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
     if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
@@ -40,6 +43,7 @@ def preflight(cfg: Config) -> None:
     if problems:  # all of them at once: one install should not uncover the next problem
         raise ConfigError("\n".join(problems))
     environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
+    policy_loss_fn(cfg.algo)  # algo.loss_fn imported and its signature checked
     check_model_context(cfg)
 
 

@@ -6,11 +6,12 @@ completion token t, the same positions as the token's log-prob (`completion_hidd
 starts from the policy's weights (or `critic.path`) and a zero head, so its first values are
 0 and its first updates move the head before they move the body much.
 
-The worker trains with the policy's `Learner` (`reasonrl.policy.learner`): its own AdamW
-(`critic.lr`), the same micro-batches (shared prompts, lean kernels, flat buffers,
-`optim.gradient_checkpointing`), `optim.ppo_epochs` x `optim.mini_batches` updates per step,
-and a loss normalised by the step's token count, so the gradient does not depend on
-`critic.micro_batch_size` (tested). The loss is
+The worker trains with the policy's `Learner` (`reasonrl.policy.learner`), given the critic's
+`LearnerSettings` (`for_critic`, whose table says which keys are its own and which it inherits
+from `optim`): its own AdamW (`critic.lr`), the same micro-batches (shared prompts, lean
+kernels, flat buffers, `optim.gradient_checkpointing`), `optim.ppo_epochs` x
+`optim.mini_batches` updates per step, and a loss normalised by the step's token count, so the
+gradient does not depend on `critic.micro_batch_size` (tested). The loss is
 the chosen value loss (`critic.value_loss`, `reasonrl.algo.value_loss`; the clipped one around
 the values the critic gave before the step), through `reasonrl.algo.objective.value_objective`.
 """
@@ -28,7 +29,7 @@ from reasonrl.algo import Metric, Totals, ValueLossSettings, value_objective
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.forward import MicroBatch, completion_hidden, pad_like, per_row, pick
-from reasonrl.policy.learner import Learner, copy_weights
+from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights
 
 WEIGHTS_FILE = "value_model.safetensors"
 
@@ -71,9 +72,7 @@ class CriticWorker:
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
                  strategy=None):
         self.model, self.pad_id, self.critic, self.optim = model, pad_id, critic, optim
-        self.learner = Learner(model, pad_id, optim, critic.lr, critic.weight_decay, critic.max_grad_norm,
-                               critic.micro_batch_size or optim.micro_batch_size, strategy,
-                               norm_reduce="max")
+        self.learner = Learner(model, pad_id, LearnerSettings.for_critic(critic, optim), strategy)
         self.device = self.learner.device
         self.losses = ValueLossSettings.of(critic)
 

@@ -26,6 +26,10 @@ Data parallelism is an object the learner is given, not a subclass (OpenRLHF's s
 object): `Local` here (one process), `reasonrl.policy.parallel.DataParallel` for FSDP2 ranks.
 A strategy says which micro-batches this process trains on, how metrics combine over the
 processes, and how the optimizer state is written to and read from a checkpoint.
+
+What a learner trains with is one record, `LearnerSettings`, built in one place per role
+(`LearnerSettings.for_policy`, `LearnerSettings.for_critic`); its docstring's table says which
+config key each field comes from for each role, and so what the critic inherits from `optim`.
 """
 
 from __future__ import annotations
@@ -34,15 +38,17 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from reasonrl.accel import TrainingAccel, fused_adam_ok
 from reasonrl.algo import Metric
-from reasonrl.config import OptimConfig
+from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.budget import token_budget
 from reasonrl.policy.forward import MicroBatch, make_micro_batches
 from reasonrl.policy.grad_checkpointing import checkpoint_layers
+from reasonrl.policy.schedules import lr_multiplier
 
 # how an update's rows were laid out, not what it computed: a data-parallel rank's differ from one process's
 LAYOUT_METRICS = ("micro_batches", "micro_batch_tokens_max", "pad_fraction")
@@ -50,6 +56,77 @@ LAYOUT_METRICS = ("micro_batches", "micro_batch_tokens_max", "pad_fraction")
 Objective = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Metric]]]
 MakeMicroBatches = Callable[[list[list[int]], list[list[int]], list[list[int]] | None],
                             list[MicroBatch]]
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What a `Learner` trains with, one record per role. Where each field comes from:
+
+    | field | the policy's | the critic's |
+    |---|---|---|
+    | lr | optim.lr | critic.lr |
+    | betas | optim.betas | optim.betas |
+    | eps | optim.eps | optim.eps |
+    | weight_decay | optim.weight_decay | critic.weight_decay |
+    | max_grad_norm | optim.max_grad_norm | critic.max_grad_norm |
+    | schedule | optim.schedule | - (none: one rate throughout, no scheduler state) |
+    | warmup_ratio | optim.warmup_ratio | - |
+    | min_lr_ratio | optim.min_lr_ratio | - |
+    | total_steps | trainer.steps | - |
+    | micro_batch_size | optim.micro_batch_size | critic.micro_batch_size (0: optim.micro_batch_size) |
+    | max_tokens_per_micro_batch | optim.max_tokens_per_micro_batch | optim.max_tokens_per_micro_batch |
+    | share_prompt | optim.share_prompt | optim.share_prompt |
+    | lean_kernels | optim.lean_kernels | optim.lean_kernels |
+    | gradient_checkpointing | optim.gradient_checkpointing | optim.gradient_checkpointing |
+    | ppo_epochs | optim.ppo_epochs | optim.ppo_epochs |
+    | mini_batches | optim.mini_batches | optim.mini_batches |
+    | norm_reduce | - (mean) | - (max) |
+
+    So the critic inherits from the policy's `optim` its AdamW betas and epsilon, the micro-batch
+    token budget and layout, the training kernels, gradient checkpointing and the update loop
+    (the same epochs and mini-batches, so both see a step's rows in the same slices), and has its
+    own rate, decay, clip and micro-batch rows. `norm_reduce` is how a step's updates' grad norms
+    and skips make the step's: the policy logs their mean, the critic the largest.
+    `tests/policy/test_learner.py` checks this table against `for_policy` and `for_critic`.
+    """
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    max_grad_norm: float  # 0 = no clipping
+    micro_batch_size: int
+    max_tokens_per_micro_batch: int  # 0 = auto (`reasonrl.policy.budget`)
+    share_prompt: bool
+    lean_kernels: bool
+    gradient_checkpointing: bool
+    ppo_epochs: int
+    mini_batches: int
+    schedule: str | None = None  # an `LR_SCHEDULES` name; None: no schedule
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    total_steps: int = 1
+    norm_reduce: str = "mean"
+
+    @classmethod
+    def for_policy(cls, optim: OptimConfig, total_steps: int) -> LearnerSettings:
+        """The policy's: the `optim` section, its LR schedule laid over `total_steps` (trainer.steps)."""
+        return cls(optim.lr, tuple(optim.betas), optim.eps, optim.weight_decay, optim.max_grad_norm,
+                   optim.micro_batch_size, optim.max_tokens_per_micro_batch, optim.share_prompt,
+                   optim.lean_kernels, optim.gradient_checkpointing, optim.ppo_epochs, optim.mini_batches,
+                   optim.schedule, optim.warmup_ratio, optim.min_lr_ratio, total_steps, "mean")
+
+    @classmethod
+    def for_critic(cls, critic: CriticConfig, optim: OptimConfig) -> LearnerSettings:
+        """The critic's: its own `critic` keys, the rest inherited from `optim` (the table above)."""
+        return cls(critic.lr, tuple(optim.betas), optim.eps, critic.weight_decay, critic.max_grad_norm,
+                   critic.micro_batch_size or optim.micro_batch_size, optim.max_tokens_per_micro_batch,
+                   optim.share_prompt, optim.lean_kernels, optim.gradient_checkpointing, optim.ppo_epochs,
+                   optim.mini_batches, None, norm_reduce="max")
+
+    def lr_factor(self, step: int) -> float:
+        """The LR schedule's factor at optimizer step `step` (0-based; `lr_multiplier`)."""
+        return lr_multiplier(step, self.total_steps, self.schedule, self.warmup_ratio, self.min_lr_ratio)
 
 
 class Local:
@@ -100,39 +177,40 @@ def summarise(updates: list[dict[str, Metric]]) -> dict[str, float]:
 
 
 class Learner:
-    """The optimizer side of a worker (see the module docstring). `lr`, `weight_decay`,
-    `max_grad_norm` and `micro_batch_size` are the role's own (the critic has its keys);
-    `schedule(step) -> LR factor`, if any, advances once per training step; `norm_reduce`
-    is how the updates' grad norms and skips make the step's (the policy logs their mean,
-    the critic the largest)."""
+    """The optimizer side of a worker (see the module docstring), trained with `settings` (its
+    role's `LearnerSettings`); the LR schedule, if the role has one, advances once per training
+    step."""
 
-    def __init__(self, model, pad_id: int, optim: OptimConfig, lr: float, weight_decay: float,
-                 max_grad_norm: float, micro_batch_size: int, strategy=None,
-                 schedule: Callable[[int], float] | None = None, norm_reduce: str = "mean"):
+    def __init__(self, model, pad_id: int, settings: LearnerSettings, strategy=None):
         self.model, self.pad_id, self.strategy = model, pad_id, strategy or Local()
-        self.accel = TrainingAccel(model, kernels=optim.lean_kernels)
-        if optim.gradient_checkpointing:  # after the kernels: the recompute runs them too
+        s = self.settings = settings
+        self.accel = TrainingAccel(model, kernels=s.lean_kernels)
+        if s.gradient_checkpointing:  # after the kernels: the recompute runs them too
             checkpoint_layers(model)
         model.train()
         self.device = self.strategy.device or next(model.parameters()).device
-        self.micro_batch_size = micro_batch_size
-        # positions per micro-batch (reasonrl.policy.budget): optim.max_tokens_per_micro_batch, or auto
-        self.max_tokens = token_budget(model, self.device, optim.max_tokens_per_micro_batch)
-        self.epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
+        self.micro_batch_size = s.micro_batch_size
+        # positions per micro-batch (reasonrl.policy.budget): max_tokens_per_micro_batch, or auto
+        self.max_tokens = token_budget(model, self.device, s.max_tokens_per_micro_batch)
+        self.epochs, self.mini_batches = s.ppo_epochs, s.mini_batches
         # a recomputed layer would write a shared prompt's KV cache twice, and data-parallel
         # ranks run one forward per micro-batch (FSDP needs the same calls on every rank)
-        self.share_prompt = (optim.share_prompt and not optim.gradient_checkpointing
-                             and not self.strategy.plain)
-        self.max_grad_norm, self.norm_reduce = max_grad_norm, norm_reduce
+        self.share_prompt = s.share_prompt and not s.gradient_checkpointing and not self.strategy.plain
+        self.max_grad_norm, self.norm_reduce = s.max_grad_norm, s.norm_reduce
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         # the run's optimizer settings: `apply_settings` puts them over a checkpoint's
-        self.base_lr, self.schedule = lr, schedule
-        self.settings = dict(betas=tuple(optim.betas), eps=optim.eps, weight_decay=weight_decay)
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=lr, **self.settings,
+        self.base_lr = s.lr
+        self.schedule: Callable[[int], float] | None = None
+        if s.schedule is not None:
+            def schedule(step: int) -> float:  # a plain function: LambdaLR's state then holds no copy of it
+                return s.lr_factor(step)
+            self.schedule = schedule
+        self.adamw = dict(betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=s.lr, **self.adamw,
                                            fused=fused_adam_ok(self.trainable) or None)
         self.accel.attach(self.optimizer)  # gradients and AdamW moments in single buffers
-        self.scheduler = (None if schedule is None
-                          else torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule))
+        self.scheduler = (None if self.schedule is None
+                          else torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule))
         self.step = 0
 
     @property
@@ -241,7 +319,7 @@ class Learner:
             self.scheduler.base_lrs = [self.base_lr] * len(groups)
             self.scheduler._last_lr = [lr] * len(groups)  # what get_last_lr() reports
         for group in groups:
-            group.update(self.settings, lr=lr)
+            group.update(self.adamw, lr=lr)
             if self.scheduler is not None:
                 group["initial_lr"] = self.base_lr
 

@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from reasonrl.algo import LossSettings, Metric, Totals, kl_estimate, policy_objective
+from reasonrl.algo.objective import PolicyLoss
 from reasonrl.batch import TrainBatch
 from reasonrl.config import AlgoConfig, Config, OptimConfig
+from reasonrl.errors import ConfigError
 from reasonrl.policy import lora
 from reasonrl.policy.forward import MicroBatch, completion_logprobs, pad_like, per_row, pick
-from reasonrl.policy.learner import Learner, copy_weights
+from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights
+from reasonrl.registry import POLICY_LOSSES
 from reasonrl.weights import plan_buckets, reference_logprobs, weights_checksum
 
 
@@ -45,21 +48,34 @@ class PolicySettings:
         return cls(cfg.algo, cfg.optim, cfg.trainer.steps, r.max_new_tokens, r.temperature)
 
 
-def lr_multiplier(step: int, total_steps: int, schedule: str, warmup_ratio: float,
-                  min_lr_ratio: float) -> float:
-    """LR factor at optimizer step `step` (0-based): linear warmup over
-    ceil(warmup_ratio * total) steps, then constant or cosine decay to `min_lr_ratio`
-    (cosine as in SGDR, Loshchilov & Hutter 2017, without restarts)."""
-    warmup = math.ceil(warmup_ratio * total_steps)
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    if schedule == "cosine":
-        span = max(total_steps - warmup - 1, 1)
-        progress = min((step - warmup) / span, 1.0)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    raise ValueError(f"optim.schedule: unknown schedule {schedule!r}; allowed: constant, cosine")
+LOSS_ARGS = ("logp", "old_logp", "advantages", "mask", "ctx")  # every policy loss's positional arguments
+
+
+def policy_loss_fn(algo: AlgoConfig) -> PolicyLoss:
+    """The policy loss the objective calls: `algo.policy_loss`'s `POLICY_LOSSES` entry, or the
+    out-of-tree function `algo.loss_fn` ("module:function" or "path/file.py:function", loaded as
+    `reward.fn` is: `reasonrl.rewards.verifiers.load_target`) with `algo.loss_kwargs` bound as
+    keyword arguments, as prime-rl's custom loss (`CustomLossConfig`: `import_path`, `kwargs`,
+    called `fn(inputs, **kwargs)`). Checked when the worker is built, before any step: a missing
+    file, module or function, or one that does not accept (logp, old_logp, advantages, mask, ctx)
+    and the keywords of `algo.loss_kwargs`, is a ConfigError naming algo.loss_fn."""
+    if not algo.loss_fn:
+        return POLICY_LOSSES.get(algo.policy_loss)
+    from reasonrl.rewards.verifiers import load_target  # only for an out-of-tree loss
+
+    try:
+        fn = load_target(algo.loss_fn)
+        try:
+            inspect.signature(fn).bind(*LOSS_ARGS, **algo.loss_kwargs)
+        except TypeError as err:
+            keywords = f" and the keywords of algo.loss_kwargs ({', '.join(algo.loss_kwargs)})" \
+                if algo.loss_kwargs else ""
+            raise TypeError(f"a policy loss must accept ({', '.join(LOSS_ARGS)}){keywords}: {err}") from None
+        except ValueError:  # builtins without a signature: trust them
+            pass
+    except Exception as err:
+        raise ConfigError(f"algo.loss_fn: cannot use {algo.loss_fn!r}: {type(err).__name__}: {err}") from None
+    return functools.partial(fn, **algo.loss_kwargs) if algo.loss_kwargs else fn
 
 
 class PolicyWorker:
@@ -68,9 +84,8 @@ class PolicyWorker:
 
     def __init__(self, model, pad_id: int, settings: PolicySettings, ref_model=None, strategy=None):
         a, o = settings.algo, settings.optim
-        self.learner = Learner(model, pad_id, o, o.lr, o.weight_decay, o.max_grad_norm, o.micro_batch_size,
-                               strategy, lambda s: lr_multiplier(s, settings.total_steps, o.schedule,
-                                                                 o.warmup_ratio, o.min_lr_ratio))
+        self.loss_fn = policy_loss_fn(a)  # algo.loss_fn checked before the learner is built
+        self.learner = Learner(model, pad_id, LearnerSettings.for_policy(o, settings.total_steps), strategy)
         if o.share_prompt != self.learner.share_prompt:  # the layout the learner can use
             settings = dataclasses.replace(settings, optim=dataclasses.replace(o, share_prompt=False))
         self.model, self.pad_id, self.settings = model, pad_id, settings
@@ -189,7 +204,7 @@ class PolicyWorker:
         ref = None if ref_logp is None else pad_like(pick(ref_logp, mb.rows), logp)
         engine = None if engine_logp is None else pad_like(pick(engine_logp, mb.rows), old)
         return policy_objective(logp, old, advantages[mb.rows], mb.mask, self.losses, totals,
-                                entropy, ref, engine)
+                                entropy, ref, engine, self.loss_fn)
 
     # ---- weights ----------------------------------------------------------------------
 

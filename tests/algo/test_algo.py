@@ -15,9 +15,17 @@ from reasonrl.algo import (
     overlong_penalty,
     zero_variance_groups,
 )
-from reasonrl.config import AlgoConfig
-from reasonrl.policy.worker import lr_multiplier
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from reasonrl.config import AlgoConfig, OptimConfig, load_config
+from reasonrl.errors import ConfigError
+from reasonrl.policy.schedules import constant, cosine, lr_multiplier
+from reasonrl.registry import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+)
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
 GROUP = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
@@ -251,3 +259,31 @@ def test_lr_constant_with_warmup(step, expected):
 def test_lr_cosine_to_min_ratio(step, expected):
     # no warmup, 11 steps: progress = step / 10
     assert lr_multiplier(step, 11, "cosine", 0.0, 0.1) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("step", "expected"), [
+    (1, 1.0),  # the first step after a warm-up of 1: p = 0
+    (3, 0.4),  # p = 2 / (5 - 1 - 1), cos(2 pi / 3) = -1/2: 0.2 + 0.8 * (1 - 1/2) / 2
+    (4, 0.2),  # the last step: the floor
+    (9, 0.2),  # past the last step (a run extended without trainer.steps): still the floor
+])
+def test_the_cosine_entry_hand_computed(step, expected):
+    assert cosine(step, 1, 5, 0.2) == pytest.approx(expected, abs=1e-15)
+
+
+def test_lr_schedules_are_a_registry_and_the_config_s_values_come_from_it(monkeypatch):
+    from helpers import patch_entry
+
+    assert LR_SCHEDULES.names() == ("constant", "cosine")
+    assert constant(7, 2, 10, 0.3) == 1.0
+    field = {f.name: f for f in dataclasses.fields(OptimConfig)}["schedule"]
+    assert field.metadata["choices"] is LR_SCHEDULES
+    assert all(entry.doc for entry in LR_SCHEDULES)
+    with pytest.raises(ConfigError, match=r"^optim.schedule: 'cosin' is not allowed \(did you mean "
+                                          r"'cosine'\?\); allowed values: constant, cosine$"):
+        load_config(None, ["optim.schedule=cosin"])
+    # a schedule is one registered function: the config accepts it, the warm-up comes before it
+    patch_entry(monkeypatch, LR_SCHEDULES, "halving",
+                lambda step, warmup, total, floor: 0.5 ** (step - warmup))
+    assert load_config(None, ["optim.schedule=halving"]).optim.schedule == "halving"
+    assert [lr_multiplier(s, 10, "halving", 0.2, 0.0) for s in range(5)] == [0.5, 1.0, 1.0, 0.5, 0.25]

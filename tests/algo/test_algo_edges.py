@@ -10,10 +10,9 @@ import math
 
 import pytest
 import torch
-from helpers import policy_settings
+from helpers import loss_settings, policy_settings
 
 from reasonrl.algo import (
-    LossSettings,
     Metric,
     Totals,
     aggregate,
@@ -187,7 +186,7 @@ def test_clamp_log_ratio_is_the_identity_inside_the_bounds():
 def test_every_loss_is_finite_in_value_and_gradient_at_any_log_ratio(loss_name, level, clip_ratio_c, agg):
     """Every loss x ratio level x dual clip x aggregation, at log-ratios +-1, +-30, +-100, +-1e4
     and A = +-1 (one row each, two tokens, one of them padding)."""
-    ctx = LossSettings(policy_loss=loss_name, ratio_level=level, clip_ratio_c=clip_ratio_c, loss_agg=agg)
+    ctx = loss_settings(policy_loss=loss_name, ratio_level=level, clip_ratio_c=clip_ratio_c, loss_agg=agg)
     mask = torch.tensor([[1.0, 0.0]])
     for log_ratio in LOG_RATIOS:
         for adv in (1.0, -1.0):
@@ -223,7 +222,7 @@ def test_inside_the_bounds_every_value_and_gradient_is_bitwise_the_unclamped_one
                 for agg in LOSS_AGGREGATIONS.names():
                     for kl in [None, *KL_ESTIMATORS.names()]:
                         for c in (0.0, 3.0):
-                            ctx = LossSettings(policy_loss=loss_name, ratio_level=level, loss_agg=agg,
+                            ctx = loss_settings(policy_loss=loss_name, ratio_level=level, loss_agg=agg,
                                                beta=0.1 if kl else 0.0, kl_estimator=kl or "k3",
                                                clip_ratio_c=c, entropy_coef=0.01, importance_correction="tis")
                             logp = inputs["logp"].clone().requires_grad_(True)
@@ -253,7 +252,7 @@ def one_token(loss_name: str, log_ratio: float, adv: float, **ctx) -> tuple[floa
     """(loss, d loss / d logp, stats) of one token at `log_ratio`, token level."""
     logp, old = logprobs(log_ratio)
     loss, stats = POLICY_LOSSES.get(loss_name)(logp, old, torch.tensor([[adv]]), torch.ones(1, 1),
-                                               LossSettings(**ctx))
+                                               loss_settings(**ctx))
     loss.sum().backward()
     return loss.item(), logp.grad.item(), {k: v.float().item() for k, v in stats.items()}
 
@@ -292,7 +291,7 @@ def test_gspo_sequence_bound_is_ten():
     22026.47 at both, A = -1 -> loss 22026.47 at each, no gradient; mean 9 (log-ratios 8, 10):
     s = e^9 = 8103.08, gradient s / |y| = 4051.54 per token under `sequence` aggregation."""
     mask = torch.ones(1, 2)
-    ctx = LossSettings(ratio_level="sequence")
+    ctx = loss_settings(ratio_level="sequence")
     ppo = POLICY_LOSSES.get("ppo")
     logp = torch.zeros(1, 2, requires_grad=True)
     loss, stats = ppo(logp, torch.tensor([[-40.0, -20.0]]), torch.tensor([[-1.0]]), mask, ctx)
@@ -369,7 +368,7 @@ def test_every_correction_is_finite_and_bounded_at_any_log_ratio(correction, lev
     """rho = exp(old - engine) overflows to inf or underflows to 0 at +-100 (sequence: +-200),
     +-1e4; the weight stays in [0, cap] (tis: the cap; mis, decoupled: 0 above it), detached, and
     composed with ppo in the objective the loss and gradient stay finite."""
-    ctx = LossSettings(importance_correction=correction, importance_level=level, importance_cap=2.0,
+    ctx = loss_settings(importance_correction=correction, importance_level=level, importance_cap=2.0,
                        importance_floor=0.5)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     for log_rho in LOG_RATIOS:
@@ -406,9 +405,9 @@ def test_the_objective_counts_clamped_tokens():
     ref = old.clone()
     ref[1, 0] = 29.0 + 0.1  # ref - logp = 30 at token (1, 0)
     step = Totals(4.0, 2.0)
-    for settings, expected in ((LossSettings(), 0.25), (LossSettings(beta=0.1), 0.5),
-                               (LossSettings(beta=0.1, kl_in="reward"), 0.25),
-                               (LossSettings(beta=0.1, kl_estimator="k2"), 0.25)):
+    for settings, expected in ((loss_settings(), 0.25), (loss_settings(beta=0.1), 0.5),
+                               (loss_settings(beta=0.1, kl_in="reward"), 0.25),
+                               (loss_settings(beta=0.1, kl_estimator="k2"), 0.25)):
         logp = (old + shift).requires_grad_(True)
         loss, metrics = policy_objective(logp, old, torch.tensor([1.0, -1.0]), mask, settings, step,
                                          ref_logp=ref)
@@ -417,7 +416,7 @@ def test_the_objective_counts_clamped_tokens():
         assert torch.isfinite(logp.grad).all()
     # the unclamped tokens' loss is the formula: A = 1 at ratio e^0.1 = 1.105 -> -1.105171 / 4
     logp = (old + shift).requires_grad_(True)
-    loss, _ = policy_objective(logp, old, torch.tensor([1.0, 0.0]), mask, LossSettings(), step)
+    loss, _ = policy_objective(logp, old, torch.tensor([1.0, 0.0]), mask, loss_settings(), step)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-math.exp(0.1) / 4, 0.0], [0.0, 0.0]]))
     assert loss.item() == pytest.approx((-math.exp(0.1) - 1.2) / 4)
@@ -510,7 +509,7 @@ def test_a_dual_clip_tie_keeps_the_surrogate_gradient():
     One ulp above: the cap, gradient 0, counted. A = -2: loss 6, gradient 6."""
     log3 = torch.tensor(math.log(3.0))
     assert torch.exp(log3).item() == 3.0
-    ppo, one, dual = POLICY_LOSSES.get("ppo"), torch.ones(1, 1), LossSettings(clip_ratio_c=3.0)
+    ppo, one, dual = POLICY_LOSSES.get("ppo"), torch.ones(1, 1), loss_settings(clip_ratio_c=3.0)
     for adv, expected in ((-1.0, 3.0), (-2.0, 6.0)):
         logp = log3.reshape(1, 1).clone().requires_grad_(True)
         loss, stats = ppo(logp, torch.zeros(1, 1), torch.tensor([[adv]]), one, dual)
@@ -532,5 +531,5 @@ def test_bounded_log_ratio_is_the_one_place():
         log_ratio, clamped = bounded_log_ratio(logp, old, torch.ones(1, 2), level)
         assert log_ratio.tolist() == [[bound, bound]] and clamped.all()
     for name in POLICY_LOSSES.names():
-        _, stats = POLICY_LOSSES.get(name)(logp, old, torch.ones(1, 1), torch.ones(1, 2), LossSettings())
+        _, stats = POLICY_LOSSES.get(name)(logp, old, torch.ones(1, 1), torch.ones(1, 2), loss_settings())
         assert stats["clamped"].all() and torch.isfinite(stats["ratio"]).all(), name

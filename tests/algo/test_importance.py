@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import patch_entry
+from helpers import loss_settings, patch_entry
 
 from reasonrl.algo import LossSettings, Totals, importance_ratio, importance_weights, policy_objective
 from reasonrl.algo.aggregation import aggregate
@@ -30,7 +30,7 @@ E05, EM1, SEQ, GEO = 1.6487213, 0.3678794, 1.8195920, 1.2208379
 
 def weights(correction: str, level: str = "token", cap: float = 2.0, floor: float = 0.5,
             old=OLD, engine=ENGINE, mask=MASK) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    s = LossSettings(importance_correction=correction, importance_level=level, importance_cap=cap,
+    s = loss_settings(importance_correction=correction, importance_level=level, importance_cap=cap,
                      importance_floor=floor)
     return importance_weights(torch.tensor(old), torch.tensor(engine), mask, s)
 
@@ -51,7 +51,7 @@ def test_the_registries_and_the_config_choices_are_one_list():
     assert not hasattr(algo, "tis_cap")
     # the settings the objective reads are the config's keys, copied by name
     assert LossSettings.of(dataclasses.replace(algo, importance_correction="mis", importance_cap=3.0)) \
-        == LossSettings(importance_correction="mis", importance_cap=3.0)
+        == loss_settings(importance_correction="mis", importance_cap=3.0)
     for entry in IMPORTANCE_CORRECTIONS:
         assert entry.doc, f"{entry.name} has no docstring"
 
@@ -96,7 +96,7 @@ def test_tis_truncates_at_the_cap():
 def test_tis_at_token_level_is_bitwise_the_former_truncated_weights():
     old = torch.randn(3, 7, dtype=torch.bfloat16)
     engine = old + 0.3 * torch.randn(3, 7, dtype=torch.bfloat16)
-    s = LossSettings(importance_correction="tis", importance_cap=1.3)
+    s = loss_settings(importance_correction="tis", importance_cap=1.3)
     w, _ = importance_weights(old, engine, torch.ones(3, 7), s)
     former = torch.exp(old.detach().float() - engine.detach().float()).clamp(max=1.3)  # the old formula
     assert w.dtype == torch.float32 and torch.equal(w, former)
@@ -151,7 +151,7 @@ def test_cap_and_floor_are_inclusive():
 def test_weights_are_detached_constants(correction, level):
     old = torch.tensor(OLD, requires_grad=True)
     engine = torch.tensor(ENGINE, requires_grad=True)
-    s = LossSettings(importance_correction=correction, importance_level=level)
+    s = loss_settings(importance_correction=correction, importance_level=level)
     w, stats = importance_weights(old, engine, MASK, s)
     assert w.shape == old.shape and not w.requires_grad and w.grad_fn is None
     assert all(not x.requires_grad and x.shape == old.shape for x in stats.values())
@@ -175,7 +175,7 @@ STEP = Totals(tokens=4.0, sequences=1.0)
 
 def objective(settings: LossSettings, engine_logp=ENGINE_LOGP, loss_name: str = "ppo"):
     logp = torch.tensor(LOGP, requires_grad=True)
-    settings = dataclasses.replace(settings, policy_loss=loss_name)
+    settings = settings.replace(policy_loss=loss_name)
     loss, metrics = policy_objective(logp, OLD_LOGP, torch.tensor([2.0]), MASK, settings, STEP,
                                      engine_logp=engine_logp)
     loss.backward()
@@ -183,7 +183,7 @@ def objective(settings: LossSettings, engine_logp=ENGINE_LOGP, loss_name: str = 
 
 
 def test_decoupled_ppo_is_the_ppo_loss_times_the_behaviour_weight():
-    loss, m, grad = objective(LossSettings(importance_correction="decoupled"))
+    loss, m, grad = objective(loss_settings(importance_correction="decoupled"))
     assert loss.item() == pytest.approx(-1.1398299, abs=1e-6)
     assert m["pg_loss"] == pytest.approx(-1.1398299, abs=1e-6)
     assert m["is_weight_mean"] == pytest.approx((E05 + EM1) / 4, abs=1e-6)
@@ -191,7 +191,7 @@ def test_decoupled_ppo_is_the_ppo_loss_times_the_behaviour_weight():
     assert m["logprob_diff_mean"] == pytest.approx((0.5 + 1.0 + math.log(3.0)) / 4)
     assert m["clip_frac"] == pytest.approx(1 / 4)  # the loss's own statistics are unchanged
     torch.testing.assert_close(grad, torch.tensor([[0.0, -0.1505971, 0.0, 0.0]]))
-    plain, m_plain, _ = objective(LossSettings())
+    plain, m_plain, _ = objective(loss_settings())
     assert plain.item() == pytest.approx(-1.5093654, abs=1e-6)
     assert "is_weight_mean" not in m_plain and "is_masked_frac" not in m_plain
 
@@ -199,13 +199,13 @@ def test_decoupled_ppo_is_the_ppo_loss_times_the_behaviour_weight():
 def test_none_is_bitwise_the_uncorrected_objective():
     """With `none` the engine's log-probs feed the mismatch metrics only: the loss and the
     gradient are bitwise those without engine log-probs (the objective before corrections)."""
-    without, m_without, g_without = objective(LossSettings(), engine_logp=None)
+    without, m_without, g_without = objective(loss_settings(), engine_logp=None)
     for level in IMPORTANCE_LEVELS.names():
-        loss, m, grad = objective(LossSettings(importance_correction="none", importance_level=level))
+        loss, m, grad = objective(loss_settings(importance_correction="none", importance_level=level))
         assert torch.equal(loss, without) and torch.equal(grad, g_without)
         assert set(m) - set(m_without) == {"logprob_diff_mean", "logprob_diff_max"}
     # a correction without engine log-probs has nothing to weight: no weight at all
-    loss, m, _ = objective(LossSettings(importance_correction="tis"), engine_logp=None)
+    loss, m, _ = objective(loss_settings(importance_correction="tis"), engine_logp=None)
     assert torch.equal(loss, without) and "is_weight_mean" not in m
 
 
@@ -213,7 +213,7 @@ def test_none_is_bitwise_the_uncorrected_objective():
 @pytest.mark.parametrize("correction", ["tis", "mis", "decoupled"])
 def test_every_correction_composes_with_every_policy_loss(loss_name, correction):
     """objective = agg(loss_t * w_t): the correction multiplies whatever per-token loss is chosen."""
-    s = LossSettings(policy_loss=loss_name, importance_correction=correction, importance_level="token")
+    s = loss_settings(policy_loss=loss_name, importance_correction=correction, importance_level="token")
     loss, _, _ = objective(s, loss_name=loss_name)
     per_token, _ = POLICY_LOSSES.get(loss_name)(torch.tensor(LOGP), OLD_LOGP, torch.tensor([[2.0]]), MASK, s)
     w, _ = importance_weights(OLD_LOGP, ENGINE_LOGP, MASK, s)

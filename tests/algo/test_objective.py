@@ -5,8 +5,9 @@ import math
 
 import pytest
 import torch
+from helpers import loss_settings, value_loss_settings
 
-from reasonrl.algo import LossSettings, Metric, Totals, ValueLossSettings, policy_objective, value_objective
+from reasonrl.algo import Metric, Totals, policy_objective, value_objective
 from reasonrl.config import CriticConfig
 from reasonrl.registry import VALUE_LOSSES
 
@@ -24,7 +25,7 @@ def test_the_objective_composes_tis_entropy_and_kl_around_the_loss():
     KL = (0.5 + 0.5) / 4 = 0.25; loss = pg - 0.1 * 1 + 0.5 * 0.25 = -0.908940."""
     logp = torch.tensor(LOGP, requires_grad=True)
     entropy = torch.tensor([[1.0, 3.0, 9.0]])
-    settings = LossSettings(entropy_coef=0.1, beta=0.5, kl_estimator="k1", importance_correction="tis",
+    settings = loss_settings(entropy_coef=0.1, beta=0.5, kl_estimator="k1", importance_correction="tis",
                             importance_cap=1.5)
     loss, m = policy_objective(logp, logp.detach(), torch.tensor([2.0]), MASK, settings, STEP, entropy,
                                ref_logp=torch.tensor([[-1.5, -2.5, 7.0]]),
@@ -48,9 +49,9 @@ def test_the_objective_composes_tis_entropy_and_kl_around_the_loss():
 def test_kl_is_logged_with_a_reference_and_in_the_loss_only_with_kl_in_loss():
     logp = torch.tensor(LOGP, requires_grad=True)
     ref = torch.tensor([[-1.5, -2.5, 0.0]])
-    plain, m = policy_objective(logp, logp.detach(), torch.tensor([2.0]), MASK, LossSettings(), STEP)
+    plain, m = policy_objective(logp, logp.detach(), torch.tensor([2.0]), MASK, loss_settings(), STEP)
     assert "kl" not in m and "entropy" not in m and "logprob_diff_mean" not in m
-    for settings in (LossSettings(beta=0.5, kl_in="reward"), LossSettings(beta=0.0)):
+    for settings in (loss_settings(beta=0.5, kl_in="reward"), loss_settings(beta=0.0)):
         loss, m = policy_objective(logp, logp.detach(), torch.tensor([2.0]), MASK, settings, STEP,
                                    ref_logp=ref)
         assert loss.item() == plain.item() and m["kl"].value > 0
@@ -64,7 +65,7 @@ def test_k3_plus_in_the_loss_pushes_with_the_gradient_of_k2():
     for est in ("k3", "k3+"):
         logp = torch.tensor(LOGP, requires_grad=True)
         loss, m = policy_objective(logp, logp.detach(), torch.zeros(1), MASK,
-                                   LossSettings(beta=1.0, kl_estimator=est), STEP, ref_logp=ref)
+                                   loss_settings(beta=1.0, kl_estimator=est), STEP, ref_logp=ref)
         loss.backward()
         grads[est], kls[est] = logp.grad, m["kl"].value
     assert kls["k3+"] == kls["k3"] == pytest.approx(2 * (math.exp(-0.5) - 1 + 0.5) / 4)
@@ -79,7 +80,7 @@ def test_the_micro_batches_shares_add_up_to_the_whole_batch():
     old = logp + torch.tensor([[0.1, -0.3, 0.0], [0.2, 0.0, -0.1]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     adv, totals = torch.tensor([1.0, -2.0]), Totals(5.0, 2.0)
-    s = LossSettings(clip_low=0.15, clip_high=0.15)
+    s = loss_settings(clip_low=0.15, clip_high=0.15)
     whole_loss, whole = policy_objective(logp, old, adv, mask, s, totals)
     parts = [policy_objective(logp[i:i + 1], old[i:i + 1], adv[i:i + 1], mask[i:i + 1], s, totals)
              for i in range(2)]
@@ -94,7 +95,7 @@ def test_the_micro_batches_shares_add_up_to_the_whole_batch():
 
 def test_ratio_extremes_of_a_micro_batch_without_tokens_are_empty():
     _, m = policy_objective(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2),
-                            LossSettings(), STEP)
+                            loss_settings(), STEP)
     assert m["ratio_max"] == Metric(-math.inf, "max", 1.0) and m["ratio_min"] == Metric(math.inf, "min", 1.0)
 
 
@@ -110,13 +111,13 @@ def test_every_value_loss_is_a_config_choice():
 def test_clipped_value_loss():
     """c = 0.2, old V = 0.5, R = 2: V = 1.0 moved +0.5 -> clipped to 0.7: max(1, 1.69) / 2 =
     0.845 (clipped); V = 0.0 moved -0.5 -> 0.3: max(4, 2.89) / 2 = 2 (not clipped)."""
-    clipped_value_loss, c = VALUE_LOSSES.get("clipped"), ValueLossSettings(cliprange_value=0.2)
+    clipped_value_loss, c = VALUE_LOSSES.get("clipped"), value_loss_settings(cliprange_value=0.2)
     loss, stats = clipped_value_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]),
                                      torch.tensor([2.0, 2.0]), torch.ones(2), c)
     assert loss.tolist() == pytest.approx([0.845, 2.0], rel=1e-6, abs=1e-6)
     assert stats["vf_clipfrac"].tolist() == [True, False]
     plain, stats = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([2.0]),
-                                      torch.ones(1), ValueLossSettings(cliprange_value=0.0))
+                                      torch.ones(1), value_loss_settings(cliprange_value=0.0))
     assert plain.tolist() == [0.5] and stats["vf_clipfrac"].tolist() == [False]
 
 
@@ -124,7 +125,7 @@ def test_value_objective_is_a_token_mean_over_the_step():
     """The same two tokens as above, padding ignored, in a step of 4 tokens: (0.845 + 2) / 4."""
     values = torch.tensor([[1.0, 0.0, 50.0]], requires_grad=True)
     loss, m = value_objective(values, torch.full((1, 3), 0.5), torch.full((1, 3), 2.0), MASK,
-                              ValueLossSettings(cliprange_value=0.2), STEP)
+                              value_loss_settings(cliprange_value=0.2), STEP)
     assert loss.item() == pytest.approx(2.845 / 4) and m["vf_loss"].value == pytest.approx(2.845 / 4)
     assert m["vf_clipfrac"] == Metric(0.25)
     loss.backward()  # the clipped token has no gradient; V = 0: d 0.5 (V - R)^2 / 4 = (0 - 2) / 4

@@ -2,13 +2,23 @@
 Each case is one token (or one completion) with a known ratio rho = exp(logp - old_logp), its
 loss value and its gradient d loss / d logp."""
 
+import copy
 import dataclasses
 import math
+import pickle
 
 import pytest
 import torch
+from helpers import loss_settings, patch_entry
 
-from reasonrl.algo import LossSettings, aggregate, log_importance_ratio
+from reasonrl.algo import (
+    LossSettings,
+    Totals,
+    ValueLossSettings,
+    aggregate,
+    log_importance_ratio,
+    policy_objective,
+)
 from reasonrl.config import AlgoConfig
 from reasonrl.registry import POLICY_LOSSES
 
@@ -16,7 +26,7 @@ from reasonrl.registry import POLICY_LOSSES
 def loss_of(name: str, logp: torch.Tensor, old: torch.Tensor, adv: list[float], mask=None, **ctx):
     """(per-token loss, stats) of policy loss `name` with advantages [N] laid out as [N, 1]."""
     mask = torch.ones_like(logp) if mask is None else mask
-    return POLICY_LOSSES.get(name)(logp, old, torch.tensor(adv)[:, None], mask, LossSettings(**ctx))
+    return POLICY_LOSSES.get(name)(logp, old, torch.tensor(adv)[:, None], mask, loss_settings(**ctx))
 
 
 def one_token(name: str, ratio: float, adv: float, **ctx) -> tuple[float, dict, float]:
@@ -225,3 +235,34 @@ def test_sapo_temperatures_are_the_config_keys():
     # tau_pos = 2: gate at rho = 1.5 is sigmoid(1) * 2 = 1.462117
     loss, _, _ = one_token("sapo", 1.5, 1.0, sapo_tau_pos=2.0)
     assert loss == pytest.approx(-1.462117, abs=1e-6)
+
+
+def test_the_settings_are_the_algo_section_by_its_keys(monkeypatch):
+    """`LossSettings.of(algo)` holds every key of the section, so a key added to the schema reaches
+    every loss with nothing else to edit: a loss registered here reads, by its name, a key no
+    built-in loss reads (`std_eps`), through the objective."""
+    algo = AlgoConfig(std_eps=0.5)
+    s = LossSettings.of(algo)
+    assert s.as_dict() == dataclasses.asdict(algo)
+    seen = []
+
+    def reads_a_key(logp, old_logp, advantages, mask, ctx):
+        seen.append(ctx.std_eps)
+        return -advantages * logp, {}
+
+    patch_entry(monkeypatch, POLICY_LOSSES, "reads_a_key", reads_a_key)
+    logp = torch.tensor([[-1.0, -3.0]], requires_grad=True)
+    loss, metrics = policy_objective(logp, logp.detach(), torch.tensor([2.0]), torch.ones(1, 2),
+                                     s.replace(policy_loss="reads_a_key"), Totals(2.0, 1.0))
+    assert seen == [0.5] and loss.item() == 4.0  # -2 x (-1 - 3) / 2 tokens
+    assert metrics["clamped_frac"].value == 0.0 and "ratio_mean" not in metrics  # no ratio returned
+    with pytest.raises(AttributeError, match="^LossSettings has no algo.tau: it is not a key of the algo "
+                                             "section$"):
+        _ = s.tau
+    with pytest.raises(AttributeError, match="read-only"):
+        s.clip_low = 1.0
+    with pytest.raises(TypeError, match="tau not in the algo section"):
+        LossSettings.of(algo, tau=1.0)
+    assert pickle.loads(pickle.dumps(s)) == s and copy.deepcopy(s) == s  # to Ray actors, across processes
+    assert s.replace(clip_low=0.3).clip_low == 0.3 and s.clip_low == 0.2
+    assert s != ValueLossSettings(**s.as_dict())  # another section's settings

@@ -575,3 +575,14 @@ def test_every_config_section_has_its_rules_and_engine_rules_come_from_the_engin
     hf = ENGINES["hf"]  # an engine that spreads over GPUs accepts the size
     patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, "tensor_parallel": True})
     assert load_config(None, two).rollout.vllm.tensor_parallel_size == 2
+
+
+def test_rollout_threads_need_the_rollout_process_of_asynchronous_training():
+    """rollout.threads are the torch threads of the rollout process, which only trainer.max_staleness > 0
+    starts: set without it they would do nothing (tests/source/test_async.py runs K > 0 with them)."""
+    assert config_error("rollout.threads=2") == (
+        "rollout.threads: 2 threads of the rollout process, which only asynchronous training runs "
+        "(trainer.max_staleness > 0); with trainer.max_staleness=0 the rollout runs in the trainer's "
+        "process on trainer.threads: remove rollout.threads or set trainer.max_staleness")
+    assert load_config(None, ["rollout.threads=2", "trainer.max_staleness=1"]).rollout.threads == 2
+    assert load_config(None, ["trainer.max_staleness=1"]).rollout.threads == 0  # 0: half the cores

@@ -99,11 +99,12 @@ def test_value_clipping_keeps_the_update_near_the_old_values(tiny):
     old = [torch.zeros(len(c)) for c in COMPLETIONS]
     returns = [torch.full((len(c),), 5.0) for c in COMPLETIONS]
     values = [torch.full((len(c),), 1.0) for c in COMPLETIONS]  # as if V had moved +1 already
-    from reasonrl.algo import ValueLossSettings
+    from helpers import value_loss_settings
+
     from reasonrl.algo.value_loss import clipped_value_loss
 
     loss, stats = clipped_value_loss(torch.cat(values), torch.cat(old), torch.cat(returns), torch.ones(10),
-                                     ValueLossSettings(cliprange_value=0.5))
+                                     value_loss_settings(cliprange_value=0.5))
     assert stats["vf_clipfrac"].all()
     assert loss.tolist() == pytest.approx([0.5 * 4.5 ** 2] * 10)  # V_clip = 0.5
     m = w.train_step(CriticBatch(PROMPTS, COMPLETIONS, returns, old))

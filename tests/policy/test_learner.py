@@ -2,15 +2,17 @@
 the update loop, the skip rule, optimizer state, the tied-weight loader."""
 
 import copy
+import dataclasses
 import math
+import re
 
 import pytest
 import torch
 
 from reasonrl.algo import Metric
-from reasonrl.config import OptimConfig
+from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.forward import completion_logprobs
-from reasonrl.policy.learner import Learner, copy_weights, merge, summarise
+from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights, merge, summarise
 from reasonrl.policy.model import build_tiny_model
 
 PROMPTS = [[1, 5, 9], [1, 7], [3, 4, 5, 6]]
@@ -39,8 +41,10 @@ def test_metrics_combine_by_their_reduction():
 
 
 def learner(model, **optim) -> Learner:
-    o = OptimConfig(**{"micro_batch_size": 2, **optim})
-    return Learner(model, 0, o, 0.1, 0.0, 1.0, o.micro_batch_size, schedule=lambda s: 1.0 / (s + 1))
+    """The policy's learner at lr 0.1 with a cosine schedule over 3 steps down to half the rate:
+    factors 1, 0.75, 0.5 at steps 0, 1, 2 (`reasonrl.policy.schedules.cosine`)."""
+    o = OptimConfig(**{"micro_batch_size": 2, "lr": 0.1, "schedule": "cosine", "min_lr_ratio": 0.5, **optim})
+    return Learner(model, 0, LearnerSettings.for_policy(o, total_steps=3))
 
 
 def token_mean_logprob(model):
@@ -98,7 +102,7 @@ def test_train_runs_epochs_times_mini_batches_updates_and_advances_the_schedule_
     metrics, updates = worker.train(3, update)
     assert seen == [[0, 1], [2], [0, 1], [2]] and updates == 4  # contiguous slices, the same each epoch
     assert metrics == {"loss": 1.5, "grad_norm": 2.5}
-    assert worker.step == 1 and worker.lr == pytest.approx(0.05)  # the schedule's factor 1 / (step + 1)
+    assert worker.step == 1 and worker.lr == pytest.approx(0.075)  # 0.1 x the cosine's 0.5 + 0.5 x 0.5
 
 
 def test_optimizer_state_round_trips(tiny):
@@ -125,3 +129,61 @@ def test_copy_weights_takes_a_tied_tensor_through_its_other_name(tiny):
         copy_weights(model, {k: v for k, v in tensors.items() if k != "model.norm.weight"}, "critic weights")
     with pytest.raises(KeyError, match=r"unexpected \['nope'\]"):
         copy_weights(model, {**tensors, "nope": torch.zeros(1)}, "checkpoint weights")
+
+
+def table() -> dict[str, tuple[set[str], set[str]]]:
+    """`LearnerSettings`' docstring table: field -> (the keys its policy cell names, its critic cell's)."""
+    rows = {}
+    for line in LearnerSettings.__doc__.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("field", "---"):
+            keys = [set(re.findall(r"\b(?:optim|critic|trainer)\.\w+", c)) for c in cells[1:]]
+            rows[cells[0]] = (keys[0], keys[1])
+    return rows
+
+
+def changed(value):
+    """Another value of a config key's type (its range is not checked here)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 3 if isinstance(value, int) else value / 2 + 0.125
+    if isinstance(value, list):
+        return [x / 2 for x in value]
+    return {"constant": "cosine"}.get(value, value + "x")
+
+
+def test_the_settings_table_says_which_key_each_field_comes_from_for_each_role():
+    """Each config key the two builders could read, changed alone, changes exactly the fields whose
+    cell names it, for the policy and for the critic: the docstring's table is what they do, and
+    what the critic inherits from `optim` is the rows whose critic cell names an `optim` key."""
+    rows = table()
+    fields = [f.name for f in dataclasses.fields(LearnerSettings)]
+    assert sorted(rows) == sorted(fields)
+    optim, critic, steps = OptimConfig(), CriticConfig(), 20
+    keys = [f"optim.{f.name}" for f in dataclasses.fields(OptimConfig)]
+    keys += [f"critic.{f.name}" for f in dataclasses.fields(CriticConfig)] + ["trainer.steps"]
+
+    def built(o, c, t):
+        return LearnerSettings.for_policy(o, t), LearnerSettings.for_critic(c, o)
+
+    base = built(optim, critic, steps)
+    for key in keys:
+        section, name = key.split(".")
+        o, c = optim, critic
+        if section == "optim":
+            o = dataclasses.replace(optim, **{name: changed(getattr(optim, name))})
+        elif section == "critic":
+            c = dataclasses.replace(critic, **{name: changed(getattr(critic, name))})
+        now = built(o, c, changed(steps) if key == "trainer.steps" else steps)
+        for role, (before, after) in enumerate(zip(base, now, strict=True)):
+            moved = {f for f in fields if getattr(before, f) != getattr(after, f)}
+            assert moved == {f for f in fields if key in rows[f][role]}, (key, ("policy", "critic")[role])
+    policy, critic_settings = base
+    assert (policy.schedule, policy.norm_reduce, critic_settings.schedule, critic_settings.norm_reduce) \
+        == ("constant", "mean", None, "max")
+    assert critic_settings.micro_batch_size == optim.micro_batch_size  # critic.micro_batch_size=0: inherited
+    inherited = sorted(f for f, (_, c) in rows.items() if any(k.startswith("optim.") for k in c))
+    assert inherited == ["betas", "eps", "gradient_checkpointing", "lean_kernels",
+                         "max_tokens_per_micro_batch", "micro_batch_size", "mini_batches", "ppo_epochs",
+                         "share_prompt"]
