@@ -70,6 +70,17 @@ def value_loss_settings(**changes) -> ValueLossSettings:
     return ValueLossSettings.of(CriticConfig(), **changes)
 
 
+def score_recipe_cases(recipe: Path, cases: list[tuple], data_source: str = "gsm8k"):
+    """The `Scores` of a differential table's rows (name, completion, ground truth, expected)
+    through the recipe's own reward config, the path a run takes (reward workers included)."""
+    from reasonrl.batch import Example
+    from reasonrl.rewards import score_examples
+
+    cfg = load_config(recipe, ["reward.timeout=120"]).reward
+    examples = [Example(prompt="", ground_truth=truth, data_source=data_source) for _, _, truth, _ in cases]
+    return score_examples([completion for _, completion, _, _ in cases], examples, cfg)
+
+
 def patch_entry(monkeypatch, registry, name: str, fn, **info) -> None:
     """Select `fn` by `name` in `registry` for one test (undone by monkeypatch)."""
     from reasonrl.registry import Entry

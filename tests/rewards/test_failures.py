@@ -211,9 +211,12 @@ def test_a_50_mb_line_is_refused_without_gigabytes(tmp_path):
         f.write(json.dumps({"prompt": "What is 1 + 1?", "ground_truth": "2"}) + "\n")
         f.write(json.dumps({"prompt": "word " * (10 << 20), "ground_truth": "1"}) + "\n")
     assert data.stat().st_size > 50 << 20
-    script = ("import resource, sys\nfrom reasonrl.cli import main\ncode = main(sys.argv[1:])\n"
-              "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
-              "sys.exit(code)")
+    # the peak of the command's own memory: /proc's VmHWM (kB), which starts anew at exec. Not
+    # getrusage's ru_maxrss: Linux carries the forking process's high-water mark across the exec
+    # into it, so under a pytest grown to 3.7 GB by earlier tests it read 3771 MB here
+    script = ("import re, sys\nfrom reasonrl.cli import main\ncode = main(sys.argv[1:])\n"
+              "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+              "print('peak', hwm, file=sys.stderr)\nsys.exit(code)")
     done = subprocess.run([sys.executable, "-c", script, "train", SMOKE, "data.task=file",
                            f"data.train_path={data}", f"trainer.output_dir={tmp_path}"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -23,11 +23,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import score_recipe_cases
 
-from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
-from reasonrl.rewards import score_examples
 from reasonrl.train.advantage_stage import estimate_advantages
 
 RECIPE = Path(__file__).parents[2] / "configs" / "recipes" / "reasonrl_strict_math.yaml"
@@ -142,9 +141,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def scored():
-    cfg = load_config(RECIPE, ["reward.timeout=120"]).reward
-    examples = [Example(prompt="", ground_truth=truth, data_source="gsm8k") for _, _, truth, _ in CASES]
-    return score_examples([completion for _, completion, _, _ in CASES], examples, cfg)
+    return score_recipe_cases(RECIPE, CASES)
 
 
 @pytest.mark.parametrize("row", range(len(CASES)), ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import score_recipe_cases
 
 from reasonrl.batch import Example
 from reasonrl.config import load_config
@@ -143,9 +144,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def scored():
-    cfg = load_config(RECIPE, ["reward.timeout=120"]).reward
-    examples = [Example(prompt="", ground_truth=truth, data_source="gsm8k") for _, _, truth, _ in CASES]
-    return score_examples([completion for _, completion, _, _ in CASES], examples, cfg)
+    return score_recipe_cases(RECIPE, CASES)
 
 
 @pytest.mark.parametrize("row", range(len(CASES)), ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])

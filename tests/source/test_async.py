@@ -195,10 +195,12 @@ def test_ray_mode_with_two_ranks_and_two_replicas(ray_session, straight, tmp_pat
     assert_metrics_close(placement_metrics(tmp_path / "dp"), placement_metrics(straight[1]), rel=1e-4)
 
 
-def test_a_finished_ray_run_extended_is_the_longer_run(ray_session, tmp_path):
-    """The extension of a finished run in ray mode (K = 1): bitwise the straight ray run."""
-    Trainer(cfg_for(tmp_path, "straight", *RAY)).fit()
-    extend(tmp_path, 1, *RAY)
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_finished_ray_run_extended_is_the_longer_run(ray_session, tmp_path, k):
+    """The extension of a finished run in ray mode: bitwise the straight ray run."""
+    ray = ["placement.mode=ray", f"trainer.max_staleness={k}"]
+    Trainer(cfg_for(tmp_path, "straight", *ray)).fit()
+    extend(tmp_path, k, *ray)
     assert_same_run(tmp_path / "x", tmp_path / "straight")
 
 
