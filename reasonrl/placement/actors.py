@@ -86,14 +86,14 @@ def _build_critic(cfg: Config) -> CriticWorker:
 
 def _build_critic_rank(cfg: Config, rank: int, world: int, init_method: str, backend: str):
     """In a critic rank's actor: join the critic's own process group, build and shard."""
-    from reasonrl.policy import parallel
+    from reasonrl.policy import parallel, sharding
 
-    parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
+    sharding.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
     model, tokenizer = load_model(cfg)
     lm = critic_lm(cfg, model, "cpu")
     device = torch.device(_device(cfg.placement.critic.num_gpus))
-    sharded = parallel.shard_value_model(value_model(cfg, lm), device,
-                                         parallel.ShardOptions.of(cfg.placement.critic))
+    sharded = sharding.shard_value_model(value_model(cfg, lm), device,
+                                         sharding.ShardOptions.of(cfg.placement.critic))
     return parallel.RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, rank, world,
                                      device=device)
 
@@ -108,10 +108,10 @@ def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, bac
     the same adapter as every other rank's and local mode's, A drawn from `trainer.seed`) and
     shard it. The reference model is a sharded copy, or with LoRA the sharded model itself
     run with the adapter switched off."""
-    from reasonrl.policy import parallel
+    from reasonrl.policy import parallel, sharding
     from reasonrl.policy.lora import AdapterDisabled, apply_lora, reference_model
 
-    parallel.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
+    sharding.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
     model, tokenizer = load_model(cfg)
     settings, lo = PolicySettings.from_config(cfg), cfg.model.lora
     wants_ref = cfg.algo.beta > 0 or cfg.algo.log_kl
@@ -119,10 +119,10 @@ def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, bac
     if lo.rank > 0:
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
     device = torch.device(_device(cfg.placement.policy.num_gpus))
-    options = parallel.ShardOptions.of(cfg.placement.policy)
-    root = parallel.shard_model(model, device, options)
+    options = sharding.ShardOptions.of(cfg.placement.policy)
+    root = sharding.shard_model(model, device, options)
     if ref is not None:
-        ref = parallel.shard_model(ref, device, options)
+        ref = sharding.shard_model(ref, device, options)
     elif wants_ref:
         ref = AdapterDisabled(root, adapters=model)
     return parallel.RankPolicyWorker(root, tokenizer.pad_token_id, settings, rank, world, ref, device=device)

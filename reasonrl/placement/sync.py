@@ -18,7 +18,7 @@ mismatch; later rollouts carry `version`). The transports:
   rollout replica loads it through Ray's object store (`load_weight_bucket`, the last with
   the checks), actor to actor, never through the trainer, at most two buckets in flight.
 
-Asynchronous training (`reasonrl.source.Ahead`) splits a push in two, on every transport:
+Asynchronous training (`reasonrl.source.Ahead`) splits a push in two, on a `SplitTransport`:
 `WeightSync.snapshot(version)` takes the weights and the checks when the version exists (the
 next update would change them), and `receive` loads them on the rollout side when the
 schedule reaches that version, with the same checks as `push`. Every weight move of a run
@@ -46,6 +46,11 @@ class Transport(Protocol):
         expected_probe)."""
         ...
 
+
+class SplitTransport(Protocol):
+    """A transport whose push can be split in two (`WeightSync.snapshot`, `receive`): the
+    shared memory to the rollout process, the streamed buckets to the rollout replicas."""
+
     def snapshot(self, what: str) -> object:
         """The policy's weights as they are now, in a form `load` takes later (maybe in another
         process): the first half of `send`."""
@@ -65,12 +70,6 @@ class InProcessCopy:
 
     def send(self, checks: dict) -> None:
         self.rollout.load_weights(self.policy.named_weights(), **checks)
-
-    def snapshot(self, what: str) -> list[tuple[str, torch.Tensor]]:
-        return [(name, t.detach().clone()) for name, t in self.policy.named_weights()]
-
-    def load(self, payload: list[tuple[str, torch.Tensor]], checks: dict) -> None:
-        self.rollout.load_weights(payload, **checks)
 
 
 def share_weights(named) -> tuple[dict[str, torch.Tensor], list[tuple[str, str, int, tuple[int, ...]]]]:
@@ -104,9 +103,6 @@ class SharedMemory:
 
     def __init__(self, policy: PolicyWorkerAPI | None = None, rollout: RolloutWorkerAPI | None = None):
         self.policy, self.rollout = policy, rollout
-
-    def send(self, checks: dict) -> None:
-        self.load(self.snapshot(f"version {checks['version']}"), checks)
 
     def snapshot(self, what: str) -> tuple[dict[str, torch.Tensor], list]:
         return share_weights(self.policy.named_weights())
@@ -173,7 +169,8 @@ class WeightSync:
     log-probs are computed then when `probe` (the probe's token ids) is given, for engines
     that may check a push by them (the rollout side decides which pushes it checks)."""
 
-    def __init__(self, policy: PolicyWorkerAPI, rollout: RolloutWorkerAPI | None, transport: Transport,
+    def __init__(self, policy: PolicyWorkerAPI, rollout: RolloutWorkerAPI | None,
+                 transport: Transport | SplitTransport,
                  probe: list[int] | None = None):
         self.policy, self.rollout, self.transport, self.probe = policy, rollout, transport, probe
 
@@ -192,7 +189,7 @@ class WeightSync:
         return self.transport.snapshot(f"policy version {version}"), checks
 
 
-def receive(transport: Transport, rollout: RolloutWorkerAPI, payload: object, checks: dict,
+def receive(transport: SplitTransport, rollout: RolloutWorkerAPI, payload: object, checks: dict,
             engine: str) -> None:
     """A `WeightSync.snapshot` loaded on the rollout side (`transport`'s receiving half) and
     checked: by checksum, and by the probe's log-probs when `rollout` wants this push probed.

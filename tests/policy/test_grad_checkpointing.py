@@ -146,7 +146,7 @@ def test_policy_worker_step_is_the_same_with_checkpointing(tiny, kernels):
 def test_wrapped_models_checkpoint_their_layers(tiny):
     """The layers are found inside a data-parallel rank's root and the critic's value model."""
     from reasonrl.policy.critic import ValueModel
-    from reasonrl.policy.parallel import ShardRoot
+    from reasonrl.policy.sharding import ShardRoot
 
     model, _ = tiny
     inner = copy.deepcopy(model)

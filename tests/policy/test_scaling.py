@@ -273,7 +273,7 @@ def make_worker(rank: int, world: int, hyper: dict, device: torch.device | None 
     reference is the adapter switched off. One process (`world` 1) builds it on `device`."""
     from helpers import policy_settings
 
-    from reasonrl.policy import parallel
+    from reasonrl.policy import parallel, sharding
     from reasonrl.policy.lora import AdapterDisabled, apply_lora
     from reasonrl.policy.worker import PolicyWorker
 
@@ -300,11 +300,11 @@ def make_worker(rank: int, world: int, hyper: dict, device: torch.device | None 
         worker = PolicyWorker(model, 0, h, ref_model=ref)
     else:
         cpu = torch.device("cpu")
-        options = parallel.ShardOptions(hyper.get("reshard_after_forward", True),
+        options = sharding.ShardOptions(hyper.get("reshard_after_forward", True),
                                         hyper.get("cpu_offload", False))
-        root = parallel.shard_model(model, cpu, options)
+        root = sharding.shard_model(model, cpu, options)
         if ref is not None:
-            ref = parallel.shard_model(ref, cpu, options)
+            ref = sharding.shard_model(ref, cpu, options)
         elif hyper.get("beta", 0) > 0:  # as PolicyWorker does for one process
             ref = AdapterDisabled(root, model)
         worker = parallel.RankPolicyWorker(root, 0, h, rank, world, ref, device=cpu)
@@ -339,7 +339,7 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from reasonrl.policy.parallel import init_process_group
+    from reasonrl.policy.sharding import init_process_group
 
     torch.set_num_threads(1)
     init_process_group("gloo", init_method, rank, world, 120)
@@ -519,21 +519,21 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
     import torch.distributed as dist
     from helpers import policy_settings
 
-    from reasonrl.policy import parallel
+    from reasonrl.policy import parallel, sharding
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     cuda = torch.device("cuda")
-    parallel.init_process_group("nccl", init_method, 0, 1, 120)
+    sharding.init_process_group("nccl", init_method, 0, 1, 120)
     try:
         for name, hyper in CASES.items():
             sgd_lr = hyper.get("sgd_lr")
             h = policy_settings(**{"lr": 0.0, "max_grad_norm": 0.0,
                                **{k: v for k, v in hyper.items() if k != "sgd_lr"}})
             plain, _ = make_worker(0, 1, hyper, cuda)
-            model = parallel.shard_model(copy.deepcopy(tiny_model()), cuda)
-            rank = parallel.RankPolicyWorker(model, 0, h, 0, 1, parallel.shard_model(
+            model = sharding.shard_model(copy.deepcopy(tiny_model()), cuda)
+            rank = parallel.RankPolicyWorker(model, 0, h, 0, 1, sharding.shard_model(
                 copy.deepcopy(make_worker(0, 1, hyper)[0].ref_model), cuda))
             if sgd_lr is not None:  # (the plain worker's: make_worker's)
                 rank.learner.optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
