@@ -18,6 +18,7 @@ current step.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -116,6 +117,27 @@ def existing_run_message(run_dir: Path) -> str:
         way_on = f"continue it with `reasonrl train --resume {run_dir}`, "
     return (f"{run_dir} already holds a run ({state}): {way_on}start another beside it with "
             f"trainer.run_name=NAME, or start this one over with --overwrite (deletes {run_dir})")
+
+
+def fresh_run_dir(output_dir: Path) -> tuple[Path, RunLock]:
+    """A new run's folder when trainer.run_name is empty, and its lock: the start time
+    (`YYYYmmdd-HHMMSS`), or `-2`, `-3`, ... after it when a run started in the same second
+    already holds (or is taking) that folder. An unnamed run never lands on another's folder:
+    two runs started in one second (a script, a test) each get their own."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        path = Path(output_dir) / (stamp if n == 1 else f"{stamp}-{n}")
+        if path.exists() and any(path.iterdir()):
+            continue
+        try:
+            lock = RunLock.take(path)
+        except RunLocked:
+            continue
+        if (path / "metrics.jsonl").exists():  # written between the look and the lock
+            lock.release()
+            continue
+        return path, lock
+    raise AssertionError("unreachable")
 
 
 def clear_run(run_dir: Path) -> None:
@@ -289,9 +311,10 @@ class RunDir:
                 for name, offset in offsets.items():
                     truncate_log(self.path / name, offset)
         else:
-            if self.path is None:
-                name = cfg.trainer.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-                self.path = Path(cfg.trainer.output_dir) / name
+            if self.path is None and not cfg.trainer.run_name:
+                self.path, self.lock = fresh_run_dir(Path(cfg.trainer.output_dir))
+            elif self.path is None:
+                self.path = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
             if self.lock is None:  # before the checks below: two starts cannot both pass them
                 self.lock = RunLock.take(self.path)
             if cfg.trainer.resume:  # `auto` with nothing to resume: the run starts over

@@ -18,7 +18,8 @@ from reasonrl.evaluate import PromptResult, format_verdict, probe_metrics, probe
 from reasonrl.evaluate.metrics import ProbeThresholds, mean_share_correct, pass_at_k, probe_verdict
 from reasonrl.report import Plot, eval_description, load_run, plot_title
 from reasonrl.tracking import counted, ticking
-from reasonrl.train.run_dir import existing_run_message, run_state
+from reasonrl.train import run_dir as run_dir_module
+from reasonrl.train.run_dir import existing_run_message, fresh_run_dir, run_state
 from reasonrl.train.step_metrics import ZeroRewardWatch, zero_reward_warning
 
 REPO = Path(__file__).parents[2]
@@ -135,6 +136,26 @@ def test_a_stopped_run_and_a_run_without_checkpoint_are_described(tmp_path):
     assert existing_run_message(run) == (f"{run} already holds a run (no checkpoint): start another beside "
                                          "it with trainer.run_name=NAME, or start this one over with "
                                          f"--overwrite (deletes {run})")
+
+
+def test_unnamed_runs_started_in_one_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """An empty trainer.run_name is the start time; a second run in the same second (a script,
+    the docs' commands back to back) must not land on the first's folder (CI stop 38)."""
+    class Frozen:
+        @staticmethod
+        def now():
+            import datetime
+            return datetime.datetime(2026, 11, 26, 16, 51, 24)
+    monkeypatch.setattr(run_dir_module, "datetime", Frozen)
+    first, lock1 = fresh_run_dir(tmp_path)
+    (first / "metrics.jsonl").write_text("")
+    second, lock2 = fresh_run_dir(tmp_path)  # the first still running: its lock
+    lock1.release()
+    third, lock3 = fresh_run_dir(tmp_path)  # the first finished: its folder holds a run
+    assert [first.name, second.name, third.name] == ["20261126-165124", "20261126-165124-2",
+                                                     "20261126-165124-3"]
+    lock2.release()
+    lock3.release()
 
 
 def test_a_resume_of_a_finished_run_says_so_and_leaves_its_files_alone(finished_run, capsys, monkeypatch):
