@@ -8,6 +8,7 @@ module per command, each declaring its options), the dispatch, and the one line 
     reasonrl report RUN [RUN ...] [-o report.html]
     reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
     reasonrl probe [--config C] [--model M] [--data FILE|TASK]
+    reasonrl calibrate [--reset | --precision]
 
 Every failure ends in one line on stderr, `reasonrl: error: ...` (`reasonrl: config error: ...`
 for a configuration key) naming what happened and what to do, with exit code 2 when the input
@@ -25,7 +26,7 @@ import sys
 import traceback
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
-from reasonrl.commands import data, eval, probe, report, reward, tool, train
+from reasonrl.commands import calibrate, data, eval, probe, report, reward, tool, train
 from reasonrl.errors import (
     ConfigError,
     DataError,
@@ -40,7 +41,7 @@ from reasonrl.errors import (
 )
 
 # The commands, in --help's order: each module declares its own subcommand (`add_parser`)
-COMMANDS = (train, data, reward, tool, report, eval, probe)
+COMMANDS = (train, data, reward, tool, report, eval, probe, calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """reasonrl.accel, the CPU fast paths: the lean decoder (with and without MKL packing), the
-modules decoder, the calibration that picks one, the lean training kernels and the memory
-layout, each against the transformers / torch code it replaces. A transformers upgrade
-that changes the internals these paths rely on fails here (and only here).
+modules decoder, the lean training kernels and the memory layout, each against the
+transformers / torch code it replaces (the calibration that picks a decoder:
+test_calibrate.py). A transformers upgrade that changes the internals these paths rely on
+fails here (and only here).
 
 Tolerances: the fast paths compute the same sums in another order. For a float32 dot product
 of n terms the reordering error is at most ~n * eps * sum|terms| (eps = 6e-8); the tiny
@@ -239,57 +240,6 @@ def test_forward_hooks_send_decoding_through_the_modules(tiny):
     assert calls and engine.last_path == "modules"
     handle.remove()
     assert engine.decode_path() == ("lean", None)
-
-
-# ------------------------------------------------------------------ choosing a decoder by measurement
-
-
-def test_auto_picks_the_fastest_measured_decoder_and_caches_it(tiny, monkeypatch, capsys):
-    """`auto` times every decoder that can run the model, keeps the fastest, and reads the
-    answer from the cache afterwards (no second measurement); the run's random stream is
-    untouched by the measurement."""
-    model, tokenizer = tiny
-    seconds = {"lean_mkl": 0.03, "lean": 0.02, "modules": 0.01}  # modules fastest on this "machine"
-    timed = []
-    monkeypatch.setattr(calibrate, "step_seconds",
-                        lambda m, path, rows: timed.append((path, rows)) or seconds[path])
-    engine = HFEngine(model, tokenizer)
-    assert engine.decode_path(24) == ("modules", None)
-    assert sorted(p for p, _ in timed) == sorted(p for p in seconds if p != "lean_mkl" or MKL)
-    assert {rows for _, rows in timed} == {24}
-    assert "-> modules" in capsys.readouterr().out
-    timed.clear()
-    assert engine.decode_path(17) == ("modules", None) and timed == []  # 17 and 24 rows: the bucket of 32
-    assert engine.decode_path(40)[0] == "modules" and timed  # 64 rows: a new measurement
-    entry = calibrate._read()[calibrate.calibration_key(model, 24)]
-    assert entry["fastest"] == "modules" and set(entry["seconds"]) <= set(seconds)
-
-
-def test_auto_is_never_slower_than_the_modules_here(tiny):
-    """The real measurement, on this machine: the decoder `auto` keeps is the fastest measured,
-    so never slower than the transformers modules (`bench/rollout.py` shows it at full size)."""
-    model, _ = tiny
-    state = torch.get_rng_state()
-    entry = calibrate.measure(model.eval(), 8)
-    assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is untouched
-    assert "modules" in entry["seconds"] and "lean" in entry["seconds"]
-    assert ("lean_mkl" in entry["seconds"]) is MKL
-    assert entry["seconds"][entry["fastest"]] == min(entry["seconds"].values()) <= entry["seconds"]["modules"]
-
-
-def test_calibration_key_names_the_machine_and_the_shapes(tiny):
-    model, _ = tiny
-    key = calibrate.calibration_key(model, 24)
-    assert calibrate.cpu_model() in key and torch.__version__ in key and "rows 32" in key
-    assert "h64 l2" in key and "torch.float32" in key
-    assert calibrate.calibration_key(model, 32) == key != calibrate.calibration_key(model, 33)
-
-
-def test_a_broken_cache_file_is_measured_again(tiny, tmp_path):
-    model, _ = tiny
-    calibrate.cache_file().write_text("{not json")
-    assert calibrate.fastest(model, 4) in calibrate.CANDIDATES
-    assert calibrate.calibration_key(model, 4) in calibrate._read()
 
 
 @pytest.mark.parametrize("out_features,block", [(1500, 512), (2048, 256), (300, 512)])

@@ -343,8 +343,11 @@ def _summaries(cwd: Path) -> dict[str, str]:
 EXPECT = {
     "docs/usage.md": [
         (r"^reasonrl --help$", lambda out, cwd, before: all(
-            c in out for c in ("train", "eval", "probe", "report", "reward", "data", "tool"))),
-        (r"--print-config$", lambda out, cwd, before: "trainer:" in out and "steps: 2" in out)],
+            c in out for c in ("train", "eval", "probe", "report", "reward", "data", "tool", "calibrate"))),
+        (r"--print-config$", lambda out, cwd, before: "trainer:" in out and "steps: 2" in out),
+        (r"^reasonrl calibrate --precision$", lambda out, cwd, before: out.startswith(
+            "model.precision=auto -> ") and "precision | " in (cwd / "calibration.json").read_text()),
+        (r"^reasonrl calibrate --reset$", lambda out, cwd, before: not (cwd / "calibration.json").exists())],
     "docs/tasks.md": [
         (r"^reasonrl reward --task countdown", lambda out, cwd, before: _json_line(out) == {
             "task": "countdown", "score": 1.0, "components": {"correct": 1.0},
@@ -475,6 +478,13 @@ def run_page(page: str, cwd: Path, monkeypatch, capsys) -> list[tuple[str, str, 
     shutil.copytree(REPO / "configs", cwd / "configs")
     (cwd / "tests").symlink_to(REPO / "tests")
     monkeypatch.chdir(cwd)
+    # the page's own copy of the calibration cache: `reasonrl calibrate --reset` and `--precision`
+    # change it, not the reader's (whose entries spare the page's runs their measurements)
+    from reasonrl.accel import calibrate
+
+    if calibrate.cache_file().is_file():
+        shutil.copy(calibrate.cache_file(), cwd / "calibration.json")
+    monkeypatch.setattr(calibrate, "cache_file", lambda: cwd / "calibration.json")
     for dest, source in GIVEN_FILES.get(page, {}).items():
         (cwd / dest).parent.mkdir(parents=True, exist_ok=True)
         if callable(source):
