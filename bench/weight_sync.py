@@ -98,16 +98,16 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--syncs", type=int, default=5)
     ap.add_argument("--lora", type=int, default=0, help="model.lora.rank")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed", "bf16"],
+                    help="model.precision (bf16-mixed and bf16 push bf16 weights)")
     args = ap.parse_args()
 
     import ray
-    import torch
 
     from reasonrl.config import load_config
     from reasonrl.placement import build_workers
 
-    overrides = [f"model.path={args.model}", f"model.dtype={args.dtype}", "placement.mode=ray",
+    overrides = [f"model.path={args.model}", f"model.precision={args.precision}", "placement.mode=ray",
                  f"placement.policy.ranks={args.ranks}", f"placement.num_cpus={args.ranks + args.replicas}",
                  "trainer.threads=1", f"model.lora.rank={args.lora}"]
     if args.replicas > 1:
@@ -148,10 +148,10 @@ def main() -> None:
                   + ", ".join(f"{n} {extra[n][-1]:.0f} / {private[n][-1]:.0f} / {shared[n][-1]:.0f}"
                               for n in names) + f"; machine {machine[-1]:.0f}", flush=True)
         median = statistics.median(times)
-        dtype_bytes = torch.finfo(getattr(torch, args.dtype)).bits // 8
+        dtype_bytes = 4 if args.precision == "fp32" else 2  # what a push carries
         bucket = "(none: old code)" if args.bucket_mb is None else f"{args.bucket_mb:g} MB"
         size_mib = params * dtype_bytes / 2**20
-        print(f"\nmodel: {params / 1e6:.1f}M parameters ({size_mib:.0f} MiB in {args.dtype}); ranks "
+        print(f"\nmodel: {params / 1e6:.1f}M parameters ({size_mib:.0f} MiB pushed, {args.precision}); ranks "
               f"{args.ranks}, replicas {args.replicas}, bucket {bucket}, lora {args.lora}")
         print(f"sync: median {median:.3f} s over {args.syncs} (min {min(times):.3f}); "
               f"{median / params * 1e9:.2f} ns per parameter, {size_mib / median:.0f} MiB/s")

@@ -215,12 +215,23 @@ def _tis_cap(value: Any) -> str | None:
     config.yaml from before still loads (and resumes)."""
     if value == 0:
         return None
-    return f"set algo.importance_correction=tis algo.importance_cap={value!r}"
+    return ("was replaced by the off-policy corrections (docs/algorithms.md): set "
+            f"algo.importance_correction=tis algo.importance_cap={value!r}")
 
 
-# keys that are gone: old -> what to set instead, from the old value (None: the old value is the
-# new default, and the key is dropped)
-REPLACED = {"algo.tis_cap": _tis_cap}
+def _model_dtype(value: Any) -> str | None:
+    """What replaces `model.dtype` (`model.precision`, docs/performance.md); None for float32,
+    the default then and now: a run's saved config.yaml from before still loads (and resumes)."""
+    if value == "float32":
+        return None
+    return ("was replaced by model.precision: set model.precision=bf16 (weights and optimizer in "
+            "bf16, as model.dtype=bfloat16 was) or model.precision=bf16-mixed (fp32 master weights, "
+            "bf16 compute)")
+
+
+# keys that are gone: old -> the sentence saying what to set instead, from the old value (None:
+# the old value is the new default, and the key is dropped)
+REPLACED = {"algo.tis_cap": _tis_cap, "model.dtype": _model_dtype}
 
 
 def _build(cls: type, data: dict, path: str = "") -> Any:
@@ -235,8 +246,7 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
         if full in REPLACED:
             if (instead := REPLACED[full](value)) is None:
                 continue
-            raise ConfigError(f"{full} was replaced by the off-policy corrections (docs/algorithms.md): "
-                              f"{instead}")
+            raise ConfigError(f"{full} {instead}")
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -73,7 +73,9 @@ class ModelConfig:
     # "" = embedded SmolLM2-135M-Instruct, "tiny" = random test model, a folder, or a Hub id org/name
     path: str = ""
     revision: str = ""  # Hub ids: a branch, tag or commit ("" = main)
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # fp32; bf16-mixed (fp32 master weights and optimizer, bf16 forward/backward and rollout);
+    # bf16 (weights and optimizer in bf16: memory); auto (bf16-mixed where measured faster here)
+    precision: Literal["fp32", "bf16-mixed", "bf16", "auto"] = "fp32"
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

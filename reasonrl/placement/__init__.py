@@ -14,10 +14,11 @@ and the weight sync between them. One module per job:
 
 from __future__ import annotations
 
-from reasonrl.config import Config
+import dataclasses
+
+from reasonrl.config import Config, resolve_device
 from reasonrl.placement.actors import build_ray_workers
 from reasonrl.placement.local import (
-    DTYPES,
     Workers,
     build_local_workers,
     critic_lm,
@@ -45,18 +46,36 @@ from reasonrl.placement.sync import (
     share_weights,
     unshare_weights,
 )
+from reasonrl.policy.precision import resolve
 from reasonrl.registry import ENGINES
 from reasonrl.weights import probe_ids
 
-__all__ = ["DEFAULT_POSITIONS", "DTYPES", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
+__all__ = ["DEFAULT_POSITIONS", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
            "RemotePolicy", "RemoteRollout", "SharedMemory", "StreamedBuckets", "WeightSync", "Workers",
            "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic", "make_policy",
            "make_rollout", "model_positions", "preflight", "receive", "rollout_process_worker",
-           "share_weights", "snapshot_sync", "unshare_weights", "value_model"]
+           "share_weights", "snapshot_sync", "unshare_weights", "value_model", "with_precision"]
+
+
+def with_precision(cfg: Config) -> Config:
+    """`cfg` with `model.precision=auto` resolved to the precision a calibration on this machine
+    picked (`reasonrl.policy.precision.resolve`; said in one console line), before any model
+    loads: every worker, actor and rollout process is then given the same answer, and a run's
+    saved config.yaml holds it (a resume keeps its precision). Other values: `cfg` unchanged."""
+    if cfg.model.precision != "auto":
+        return cfg
+    policy_gpus = cfg.placement.mode == "ray" and cfg.placement.policy.num_gpus > 0
+    device = "cuda" if policy_gpus else str(resolve_device(cfg.placement.device))
+    rows = cfg.optim.micro_batch_size * (cfg.rollout.max_new_tokens + cfg.data.max_prompt_tokens // 4)
+    tokens = max(64, min(2048, rows))  # a micro-batch's positions, about
+    precision, why = resolve(cfg.model.precision, cfg.model.path, cfg.model.revision, tokens, device)
+    print(why, flush=True)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 
 def build_workers(cfg: Config) -> Workers:
     """The run's workers, in this process (placement.mode=local) or in Ray actors (ray)."""
+    cfg = with_precision(cfg)
     check_model_context(cfg)  # again: `reasonrl probe`'s --max-new-tokens reaches only this config
     if cfg.placement.mode == "ray":
         return build_ray_workers(cfg)

@@ -93,7 +93,7 @@ def _build_critic_rank(cfg: Config, rank: int, world: int, init_method: str, bac
     lm = critic_lm(cfg, model, "cpu")
     device = torch.device(_device(cfg.placement.critic.num_gpus))
     sharded = sharding.shard_value_model(value_model(cfg, lm), device,
-                                         sharding.ShardOptions.of(cfg.placement.critic))
+                                         sharding.ShardOptions.of(cfg.placement.critic, cfg.model.precision))
     return parallel.RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, rank, world,
                                      device=device)
 
@@ -119,7 +119,7 @@ def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, bac
     if lo.rank > 0:
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
     device = torch.device(_device(cfg.placement.policy.num_gpus))
-    options = sharding.ShardOptions.of(cfg.placement.policy)
+    options = sharding.ShardOptions.of(cfg.placement.policy, cfg.model.precision)
     root = sharding.shard_model(model, device, options)
     if ref is not None:
         ref = sharding.shard_model(ref, device, options)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import torch
-
 from reasonrl.config import Config, resolve_device
 from reasonrl.data import system_prompt_for
 from reasonrl.envs import environment_spec
@@ -22,12 +20,11 @@ from reasonrl.errors import ConfigError
 from reasonrl.placement.sync import InProcessCopy, WeightSync
 from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.policy.model import load_model_and_tokenizer
+from reasonrl.policy.precision import cast_for_compute, load_dtype
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import needs_critic
 from reasonrl.rollout import RolloutWorker, make_engine
 from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -60,8 +57,9 @@ class Workers:
 
 
 def load_model(cfg: Config, device: str = "cpu"):
-    """(model, tokenizer) of `model.path` in `model.dtype` on `device`."""
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, DTYPES[cfg.model.dtype],
+    """(model, tokenizer) of `model.path` on `device`, in the dtype `model.precision` loads in
+    (`reasonrl.policy.precision.load_dtype`: fp32 unless pure bf16)."""
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, load_dtype(cfg.model.precision),
                                                 seed=cfg.trainer.seed, revision=cfg.model.revision)
     return model.to(device), tokenizer
 
@@ -81,7 +79,7 @@ def critic_lm(cfg: Config, policy_model, device: str):
     (before any LoRA wrapping). It must read the policy's token ids: same vocabulary size."""
     if not cfg.critic.path:
         return copy.deepcopy(policy_model)
-    lm, _ = load_model_and_tokenizer(cfg.critic.path, DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+    lm, _ = load_model_and_tokenizer(cfg.critic.path, load_dtype(cfg.model.precision), seed=cfg.trainer.seed)
     if lm.config.vocab_size != policy_model.config.vocab_size:
         raise ConfigError(f"critic.path={cfg.critic.path}: its vocabulary ({lm.config.vocab_size} tokens) "
                           f"is not the policy's ({policy_model.config.vocab_size}); the critic reads the "
@@ -101,11 +99,14 @@ def value_model(cfg: Config, lm) -> ValueModel:
 
 
 def make_critic(cfg: Config, lm, tokenizer) -> CriticWorker:
-    return CriticWorker(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim)
+    return CriticWorker(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim,
+                        precision=cfg.model.precision)
 
 
 def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
-    # hf shares `model`; vllm starts from a copy of its weights
+    # hf shares `model`; vllm starts from a copy of its weights. The engine computes in the
+    # precision's compute dtype (a policy's model shared here is cast already by its learner)
+    cast_for_compute(model, cfg.model.precision)
     engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
     d = cfg.data
     return RolloutWorker(engine, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,

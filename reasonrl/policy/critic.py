@@ -62,7 +62,8 @@ class ValueModel(nn.Module):
     def completion_values(self, mb: MicroBatch) -> torch.Tensor:
         """[M, T] V(s_t) at each completion token's position, in float32."""
         hidden = completion_hidden(self, mb)
-        return self.value_head(hidden).squeeze(-1).float()
+        # LoRA with bf16-mixed: a bf16 body, the trained head in fp32
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
 class CriticWorker:
@@ -70,9 +71,9 @@ class CriticWorker:
     the value model and its `Learner`."""
 
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
-                 strategy=None):
+                 strategy=None, precision: str = "fp32"):
         self.model, self.pad_id, self.critic, self.optim = model, pad_id, critic, optim
-        self.learner = Learner(model, pad_id, LearnerSettings.for_critic(critic, optim), strategy)
+        self.learner = Learner(model, pad_id, LearnerSettings.for_critic(critic, optim, precision), strategy)
         self.device = self.learner.device
         self.losses = ValueLossSettings.of(critic)
 
@@ -119,9 +120,9 @@ class CriticWorker:
     # ---- checkpoint state ------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the value model by name, tied ones once."""
+        """Every tensor of the value model by name, tied ones once (bf16-mixed: the fp32 masters)."""
         seen: set[int] = set()
-        for name, tensor in self.model.state_dict().items():
+        for name, tensor in self.learner.full_weights().items():
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
                 yield name, tensor.detach()
@@ -137,6 +138,7 @@ class CriticWorker:
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """The tensors `save` wrote (`read_weights`); a tied tensor comes through its first name."""
         copy_weights(self.model, tensors, "critic weights")
+        self.learner.weights_loaded(tensors)
 
     def state_dict(self) -> dict:
         return self.learner.state_dict()

@@ -48,6 +48,7 @@ from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy.budget import token_budget
 from reasonrl.policy.forward import MicroBatch, make_micro_batches
 from reasonrl.policy.grad_checkpointing import checkpoint_layers
+from reasonrl.policy.precision import MasterWeights, UnchangedCounter, cast_for_compute
 from reasonrl.policy.schedules import lr_multiplier
 
 # how an update's rows were laid out, not what it computed: a data-parallel rank's differ from one process's
@@ -81,6 +82,7 @@ class LearnerSettings:
     | ppo_epochs | optim.ppo_epochs | optim.ppo_epochs |
     | mini_batches | optim.mini_batches | optim.mini_batches |
     | norm_reduce | - (mean) | - (max) |
+    | precision | model.precision | model.precision |
 
     So the critic inherits from the policy's `optim` its AdamW betas and epsilon, the micro-batch
     token budget and layout, the training kernels, gradient checkpointing and the update loop
@@ -107,22 +109,24 @@ class LearnerSettings:
     min_lr_ratio: float = 0.0
     total_steps: int = 1
     norm_reduce: str = "mean"
+    precision: str = "fp32"  # resolved (`reasonrl.policy.precision`): fp32, bf16-mixed or bf16
 
     @classmethod
-    def for_policy(cls, optim: OptimConfig, total_steps: int) -> LearnerSettings:
-        """The policy's: the `optim` section, its LR schedule laid over `total_steps` (trainer.steps)."""
+    def for_policy(cls, optim: OptimConfig, total_steps: int, precision: str = "fp32") -> LearnerSettings:
+        """The policy's: the `optim` section, its LR schedule laid over `total_steps`
+        (trainer.steps), in `precision` (model.precision)."""
         return cls(optim.lr, tuple(optim.betas), optim.eps, optim.weight_decay, optim.max_grad_norm,
                    optim.micro_batch_size, optim.max_tokens_per_micro_batch, optim.share_prompt,
                    optim.lean_kernels, optim.gradient_checkpointing, optim.ppo_epochs, optim.mini_batches,
-                   optim.schedule, optim.warmup_ratio, optim.min_lr_ratio, total_steps, "mean")
+                   optim.schedule, optim.warmup_ratio, optim.min_lr_ratio, total_steps, "mean", precision)
 
     @classmethod
-    def for_critic(cls, critic: CriticConfig, optim: OptimConfig) -> LearnerSettings:
+    def for_critic(cls, critic: CriticConfig, optim: OptimConfig, precision: str = "fp32") -> LearnerSettings:
         """The critic's: its own `critic` keys, the rest inherited from `optim` (the table above)."""
         return cls(critic.lr, tuple(optim.betas), optim.eps, critic.weight_decay, critic.max_grad_norm,
                    critic.micro_batch_size or optim.micro_batch_size, optim.max_tokens_per_micro_batch,
                    optim.share_prompt, optim.lean_kernels, optim.gradient_checkpointing, optim.ppo_epochs,
-                   optim.mini_batches, None, norm_reduce="max")
+                   optim.mini_batches, None, norm_reduce="max", precision=precision)
 
     def lr_factor(self, step: int) -> float:
         """The LR schedule's factor at optimizer step `step` (0-based; `lr_multiplier`)."""
@@ -184,6 +188,14 @@ class Learner:
     def __init__(self, model, pad_id: int, settings: LearnerSettings, strategy=None):
         self.model, self.pad_id, self.strategy = model, pad_id, strategy or Local()
         s = self.settings = settings
+        # bf16-mixed: fp32 masters here, the model cast to its bf16 compute copy; data-parallel
+        # ranks: FSDP2's MixedPrecisionPolicy does it (`reasonrl.policy.sharding`)
+        mixed = s.precision == "bf16-mixed" and not self.strategy.plain
+        self.masters = MasterWeights(model) if mixed else None
+        self.unchanged = None
+        if s.precision == "bf16":  # pure: the weights themselves in bf16 (as loaded, normally)
+            cast_for_compute(model, "bf16")
+            self.unchanged = UnchangedCounter()
         self.accel = TrainingAccel(model, kernels=s.lean_kernels)
         if s.gradient_checkpointing:  # after the kernels: the recompute runs them too
             checkpoint_layers(model)
@@ -198,6 +210,8 @@ class Learner:
         self.share_prompt = s.share_prompt and not s.gradient_checkpointing and not self.strategy.plain
         self.max_grad_norm, self.norm_reduce = s.max_grad_norm, s.norm_reduce
         self.trainable = [p for p in model.parameters() if p.requires_grad]
+        if self.masters is not None:  # the optimizer steps the fp32 masters
+            self.trainable = self.masters.params(self.trainable)
         # the run's optimizer settings: `apply_settings` puts them over a checkpoint's
         self.base_lr = s.lr
         self.schedule: Callable[[int], float] | None = None
@@ -259,19 +273,27 @@ class Learner:
             loss.backward()
             total += loss.item()
             merge(metrics, found)
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.trainable if p.grad is not None]
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if params else 0.0
         skipped = not math.isfinite(grad_norm) or not math.isfinite(total)
         broken = False
+        unchanged = None
         if not skipped:
+            before = self.unchanged.snapshot(self.trainable) if self.unchanged is not None else None
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.write_back()
             broken = not all_finite(self.trainable)  # finite gradients, and still: lr far too high
+            if before is not None:
+                unchanged = self.unchanged.fraction(before, self.trainable, self.step)
+                del before
         self.optimizer.zero_grad(set_to_none=True)  # the rollout phase runs without the gradients' memory
         del grad_buffer
         metrics.update(grad_norm=Metric(grad_norm, self.norm_reduce),
                        skipped_update=Metric(float(skipped), self.norm_reduce),
                        nonfinite_weights=Metric(float(broken), "max"),  # any rank's: every rank stops
+                       **({} if unchanged is None else {"params_unchanged": Metric(unchanged, "mean")}),
                        **self.layout_metrics(micro_batches))
         combined = self.strategy.combine(metrics)
         return {k: dataclasses.replace(m, value=m.empty) if m.empty is not None and not math.isfinite(m.value)
@@ -288,6 +310,19 @@ class Learner:
                                          Metric(1.0 - real / max(sum(computed), 1), "mean")), strict=True))
 
     # ---- checkpoint state (the weights travel separately) ----------------------------------
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The model's state dict at the precision it is trained in: with bf16-mixed the fp32
+        masters in place of their bf16 compute copies (what a checkpoint saves)."""
+        if self.masters is not None:
+            return self.masters.state_dict()
+        return {n: t.detach() for n, t in self.model.state_dict().items()}
+
+    def weights_loaded(self, tensors: dict[str, torch.Tensor]) -> None:
+        """After saved tensors were copied into the model (`copy_weights`, which casts): with
+        bf16-mixed the masters take them at full precision and the compute copy is cast anew."""
+        if self.masters is not None:
+            self.masters.load(tensors)
 
     def state_dict(self) -> dict:
         """Optimizer (and LR schedule) state and step count: with the weights, an exact resume."""

@@ -46,6 +46,7 @@ from reasonrl.config import CriticConfig, OptimConfig
 from reasonrl.policy import lora
 from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.policy.forward import MicroBatch, completion_logprobs, make_micro_batches
+from reasonrl.policy.precision import compute_dtype
 from reasonrl.policy.sharding import ROOT_PREFIX, ShardRoot
 from reasonrl.policy.shards import full_tensor, gather_rows, local_rows, sample_sum
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
@@ -139,6 +140,9 @@ class RankPolicyWorker(PolicyWorker):
         super().__init__(model, pad_id, settings, ref_model, DataParallel(rank, world, device))
         self.rank, self.world = rank, world
         self.lora = lora.is_lora(model.lm)
+        # the weights a rollout engine computes with: bf16 under bf16-mixed (FSDP2's compute
+        # copy; the fp32 shards are the masters), what one process serves from its bf16 model too
+        self.served_dtype = compute_dtype(settings.precision)
 
     # ---- weights -----------------------------------------------------------------------
     # Every method here is collective (all ranks call it, in the same order). The served
@@ -155,9 +159,16 @@ class RankPolicyWorker(PolicyWorker):
             if isinstance(module, FSDPModule):
                 module.reshard()
 
-    def _served(self, names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor, int, torch.Size]]:
-        """(HF name, this rank's rows, index of its first row, full shape) of each served
-        weight (only `names` when given), in the model's order."""
+    def _served(self, names: set[str] | None = None,
+                masters: bool = False) -> Iterator[tuple[str, torch.Tensor, int, torch.Size]]:
+        """(HF name, this rank's rows in the compute dtype (`masters`: as the shards hold them,
+        fp32 under bf16-mixed), index of its first row, full shape) of each served weight (only
+        `names` when given), in the model's order."""
+        for name, local, start, shape in self._served_rows(names):
+            cast = not masters and local.is_floating_point() and local.dtype != self.served_dtype
+            yield name, local.to(self.served_dtype) if cast else local, start, shape
+
+    def _served_rows(self, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor, int, torch.Size]]:
         self._resharded()
         if not self.lora:
             for name, param in self.model.named_parameters():
@@ -226,13 +237,14 @@ class RankPolicyWorker(PolicyWorker):
                      for n, p in self.model.named_parameters() if p.requires_grad]
         return plan_buckets(sizes, bucket_bytes)
 
-    def weight_bucket(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+    def weight_bucket(self, names: list[str], masters: bool = False) -> list[tuple[str, torch.Tensor]]:
         """The full tensors of `names` on rank 0 (each gathered there alone, one at a time, then
         on the CPU); the other ranks send their rows and return []. Rank 0's extra memory is
-        the bucket; the other ranks' is one tensor's rows."""
+        the bucket; the other ranks' is one tensor's rows. `masters`: at the shards' precision
+        (a checkpoint's), else in the compute dtype (what an engine serves)."""
         release_free_memory()  # the previous bucket's buffers (sent by now) back to the system, not kept
         out = {}
-        for name, local, _, shape in self._served(set(names)):
+        for name, local, _, shape in self._served(set(names), masters):
             full = gather_rows(local, shape[0], self.device, everywhere=False)
             if full is not None:
                 out[name] = full.reshape(shape).cpu()
@@ -263,7 +275,7 @@ class RankPolicyWorker(PolicyWorker):
 
     def save_pretrained(self, path, tokenizer=None) -> None:
         """The served weights as an HF folder (LoRA: merged), gathered on rank 0, which writes."""
-        weights = dict(self.weight_bucket(self._all_served_names()))
+        weights = dict(self.weight_bucket(self._all_served_names(), masters=True))
         if self.rank == 0:
             model = self.model.lm.get_base_model() if self.lora else self.model.lm
             model.save_pretrained(path, state_dict=weights)

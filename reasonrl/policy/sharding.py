@@ -63,14 +63,20 @@ class ShardOptions:
     shards in CPU memory (`CPUOffloadPolicy`): each unit's shard is copied to the device for
     its all-gather, gradients come back to the CPU and AdamW steps there. None of them changes
     the gradient.
+
+    mixed (model.precision=bf16-mixed): FSDP2's `MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`: the fp32 shards are the master weights AdamW steps, each unit's
+    all-gather casts them to bf16 for its forward and backward, and gradients are reduced
+    (summed over ranks) in fp32, as `reasonrl.policy.precision.MasterWeights` does in one process.
     """
 
     reshard_after_forward: bool = True
     cpu_offload: bool = False
+    mixed: bool = False
 
     @classmethod
-    def of(cls, placement) -> ShardOptions:
-        return cls(placement.reshard_after_forward, placement.cpu_offload)
+    def of(cls, placement, precision: str = "fp32") -> ShardOptions:
+        return cls(placement.reshard_after_forward, placement.cpu_offload, precision == "bf16-mixed")
 
 
 def _shard(root: nn.Module, layers, device: torch.device, options: ShardOptions = ShardOptions()) -> None:
@@ -78,16 +84,24 @@ def _shard(root: nn.Module, layers, device: torch.device, options: ShardOptions 
     FSDP2 (rows of every tensor split as `torch.chunk` splits them), gradients summed over
     ranks (see the module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.cpu_offload else OffloadPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if options.mixed
+          else MixedPrecisionPolicy())
     for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=options.reshard_after_forward,
-                    offload_policy=offload)
+                    offload_policy=offload, mp_policy=mp)
     # the root keeps its weights from forward to backward either way (FSDP2's default for a root):
     # the LM head in it runs after the decoder's forward (`ShardRoot`)
-    fully_shard(root, mesh=mesh, offload_policy=offload)
+    fully_shard(root, mesh=mesh, offload_policy=offload, mp_policy=mp)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -41,11 +41,13 @@ class PolicySettings:
     total_steps: int = 1  # trainer.steps: the LR schedule's length
     max_response_length: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant; 0 = the batch's longest
     temperature: float = 1.0  # rollout.temperature: log-probs are those of the sampling distribution
+    precision: str = "fp32"  # model.precision, resolved (`reasonrl.policy.precision`)
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicySettings:
         r = cfg.rollout
-        return cls(cfg.algo, cfg.optim, cfg.trainer.steps, r.max_new_tokens, r.temperature)
+        return cls(cfg.algo, cfg.optim, cfg.trainer.steps, r.max_new_tokens, r.temperature,
+                   cfg.model.precision)
 
 
 LOSS_ARGS = ("logp", "old_logp", "advantages", "mask", "ctx")  # every policy loss's positional arguments
@@ -85,7 +87,8 @@ class PolicyWorker:
     def __init__(self, model, pad_id: int, settings: PolicySettings, ref_model=None, strategy=None):
         a, o = settings.algo, settings.optim
         self.loss_fn = policy_loss_fn(a)  # algo.loss_fn checked before the learner is built
-        self.learner = Learner(model, pad_id, LearnerSettings.for_policy(o, settings.total_steps), strategy)
+        learning = LearnerSettings.for_policy(o, settings.total_steps, settings.precision)
+        self.learner = Learner(model, pad_id, learning, strategy)
         if o.share_prompt != self.learner.share_prompt:  # the layout the learner can use
             settings = dataclasses.replace(settings, optim=dataclasses.replace(o, share_prompt=False))
         self.model, self.pad_id, self.settings = model, pad_id, settings
@@ -256,7 +259,10 @@ class PolicyWorker:
         if lora.is_lora(self.model):
             lora.save_merged(self.model, path, tokenizer)
             return
-        self.model.save_pretrained(path)
+        if self.learner.masters is not None:  # bf16-mixed: the fp32 masters, what a resume starts from
+            self.model.save_pretrained(path, state_dict=self.learner.full_weights())
+        else:
+            self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
 
@@ -289,3 +295,4 @@ class PolicyWorker:
             lora.load_adapter(self.model, tensors)
             return
         copy_weights(self.model, tensors, "checkpoint weights")
+        self.learner.weights_loaded(tensors)

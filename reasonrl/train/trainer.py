@@ -27,7 +27,7 @@ from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, r
 from reasonrl.config import Config, to_dict
 from reasonrl.data import load_examples
 from reasonrl.evaluate import eval_settings, record_plan
-from reasonrl.placement import build_workers, preflight
+from reasonrl.placement import build_workers, preflight, with_precision
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
@@ -110,6 +110,7 @@ class Trainer:
             t = cfg.trainer
             print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
                   f"prompts, {t.batch_size // r.n} per step)", flush=True)
+        self.cfg = cfg = with_precision(cfg)  # model.precision=auto decided once: the saved config holds it
         check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
         progress = t.progress and "console" in cfg.tracking.backends  # the held-out eval's bar
         self.eval_settings = eval_settings(cfg, entropy=False, progress=progress)

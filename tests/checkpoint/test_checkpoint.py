@@ -78,6 +78,24 @@ def test_ppo_run_stopped_and_resumed_is_exact(tmp_path):
     assert critic[0]["value_head.weight"].abs().max() > 0  # the head learned something
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+def test_a_run_in_bf16_stops_and_resumes_exactly_in_its_precision(tmp_path, precision):
+    """bf16-mixed (with a critic: both learners keep fp32 masters) and pure bf16: 2 steps, stop,
+    resume, 2 more end bitwise where 4 straight steps end. The checkpoint's weights are what the
+    optimizer steps (bf16-mixed: the fp32 masters, so the resume rebuilds the bf16 compute copy
+    exactly); the resumed run keeps the precision its config.yaml holds."""
+    stop_resume_and_compare(tmp_path, f"model.precision={precision}", *PPO)
+    weights = load_file(tmp_path / "r" / "checkpoints" / f"step_{RESUME_STEPS}" / "huggingface" /
+                        "model.safetensors")
+    critic = load_file(tmp_path / "r" / "checkpoints" / f"step_{RESUME_STEPS}" / "critic" /
+                       "value_model.safetensors")
+    dtype = torch.float32 if precision == "bf16-mixed" else torch.bfloat16
+    assert {t.dtype for t in weights.values()} == {t.dtype for t in critic.values()} == {dtype}
+    assert f"precision: {precision}" in (tmp_path / "r" / "config.yaml").read_text()
+    rows = run_metrics(tmp_path / "r")
+    assert ("train/params_unchanged" in rows[-1]) == (precision == "bf16")
+
+
 MULTI_TURN = [f"env.fn={REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo", "env.max_turns=3",
               "env.max_turn_tokens=6"]
 

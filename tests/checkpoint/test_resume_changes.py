@@ -196,7 +196,7 @@ def test_every_changeable_key_is_tested_here():
     assert tested == set(RESUME_CHANGEABLE)
 
 
-@pytest.mark.parametrize("change", ["trainer.seed=1", "model.dtype=bfloat16", "rollout.n=2",
+@pytest.mark.parametrize("change", ["trainer.seed=1", "model.precision=bf16-mixed", "rollout.n=2",
                                     "trainer.max_staleness=1", "data.arithmetic.max_operand=5"])
 def test_a_key_a_resume_cannot_change_is_refused_at_start_up_even_when_allowed(base, tmp_path, capsys,
                                                                              change):

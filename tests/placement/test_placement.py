@@ -271,11 +271,11 @@ def test_weight_buckets_keep_decoder_layers_whole():
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_local_mode_trains_on_the_gpu(tmp_path, dtype):
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
+def test_local_mode_trains_on_the_gpu(tmp_path, precision):
     """placement.device=auto puts the policy and the colocated engine on the GPU; a run
-    trains, logs its peak GPU memory (mem/) and saves a checkpoint."""
-    trainer = Trainer(smoke_cfg(tmp_path, "gpu", f"model.dtype={dtype}", "trainer.steps=2"))
+    trains in each precision, logs its peak GPU memory (mem/) and saves a checkpoint."""
+    trainer = Trainer(smoke_cfg(tmp_path, "gpu", f"model.precision={precision}", "trainer.steps=2"))
     assert trainer.policy.device.type == "cuda"
     assert next(trainer.rollout.engine.model.parameters()).device.type == "cuda"
     trainer.fit()

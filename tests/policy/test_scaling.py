@@ -30,6 +30,7 @@ from helpers import (
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
 from reasonrl.policy.learner import LAYOUT_METRICS
+from reasonrl.policy.precision import cast_for_compute
 from reasonrl.train.trainer import Trainer, train
 
 # ---- config -----------------------------------------------------------------------------
@@ -173,8 +174,11 @@ def run_case(worker, model, hyper: dict) -> tuple[list[dict], dict, list[dict]]:
     learner = worker.learner
     steps, per_update, inner, update = [], [], learner.optimizer.step, learner.update
 
+    # what the optimizer steps, by the model's names (bf16-mixed in one process: the fp32 masters)
+    names = [n.removeprefix("lm.") for n, p in model.named_parameters() if p.requires_grad]
+
     def step(*args, **kwargs):  # the trained parameters' gradients (LoRA: A and B only)
-        steps.append({n.removeprefix("lm."): full_tensor(p.grad).clone() for n, p in model.named_parameters()
+        steps.append({n: full_tensor(p.grad).clone() for n, p in zip(names, learner.trainable, strict=True)
                       if p.grad is not None})
         return inner(*args, **kwargs)
 
@@ -199,6 +203,11 @@ GRAD_REL = 1e-4
 # with error ~eps * sqrt(N) (worst eps * N): it is compared with the float64 norm of the same
 # run's gradient (measured 2e-5), the gradients themselves elementwise above.
 NORM_REL = 2e-4
+# bf16-mixed: the ranks and the one process round the same operands to bf16 (u = 2^-8) but
+# multiply them in other shapes (a rank's half of each micro-batch) and sum in other orders;
+# as in tests/policy/test_precision.py, 2 (2L + 1) u (L = 2 layers) bounds the relative error
+# of a gradient (against the largest entry) and of a metric.
+BF16_REL = 2 * (2 * 2 + 1) * 2.0 ** -8
 
 
 def norm(tensors: dict) -> float:
@@ -215,6 +224,7 @@ def assert_same_step(name: str, dp: tuple, one: tuple, lr: float) -> None:
     a later update have no such bound at hand: they are compared at the first update only
     (and the gradients at every update)."""
     (dp_steps, dp_metrics, dp_updates), (one_steps, one_metrics, one_updates) = dp, one
+    grad_rel, metric_rel = (BF16_REL, BF16_REL) if "bf16" in name else (GRAD_REL, METRIC_REL)
     assert len(dp_steps) == len(one_steps) == len(dp_updates) == len(one_updates)
     for k, (grads, expected) in enumerate(zip(dp_steps, one_steps, strict=True)):
         assert grads.keys() == expected.keys()
@@ -222,20 +232,20 @@ def assert_same_step(name: str, dp: tuple, one: tuple, lr: float) -> None:
         for n, g in grads.items():
             scale = expected[n].abs().max().item()
             diff = (g - expected[n]).abs().max().item()
-            assert diff <= GRAD_REL * scale + 1e-9, f"{name}, optimizer step {k}: {n} differs by {diff}"
+            assert diff <= grad_rel * scale + 1e-9, f"{name}, optimizer step {k}: {n} differs by {diff}"
     assert dp_metrics.keys() == one_metrics.keys()
     for key in ("train/lr", "train/tokens", "train/sequences", "train/updates"):
         assert dp_metrics[key] == one_metrics[key], f"{name}: {key}"
     for key, value in one_updates[0].items():
         if key == "grad_norm" or key in LAYOUT_METRICS:  # a rank lays out only its rows
             continue
-        assert dp_updates[0][key] == pytest.approx(value, rel=METRIC_REL, abs=1e-7), f"{name}: update 0 {key}"
+        assert dp_updates[0][key] == pytest.approx(value, rel=metric_rel, abs=1e-7), f"{name}: update 0 {key}"
     drift = {n: torch.zeros_like(g, dtype=torch.float64) for n, g in one_steps[0].items()}
     for k in range(1, len(one_updates)):
         for n in drift:
             drift[n] += lr * (dp_steps[k - 1][n].double() - one_steps[k - 1][n].double())
         a, b = dp_updates[k], one_updates[k]
-        bound = METRIC_REL * abs(b["loss"]) + 1e-7 + 2 * norm(one_steps[k]) * norm(drift)
+        bound = metric_rel * abs(b["loss"]) + 1e-7 + 2 * norm(one_steps[k]) * norm(drift)
         assert abs(a["loss"] - b["loss"]) <= bound, f"{name}: update {k} loss {a['loss']} vs {b['loss']}"
     for updates, steps in ((dp_updates, dp_steps), (one_updates, one_steps)):
         for u, grads in zip(updates, steps, strict=True):
@@ -253,6 +263,8 @@ RANK_CASES = {
     "ZeRO-2 (reshard_after_forward=false)": dict(CASES["token, KL + entropy in the loss"],
                                                  reshard_after_forward=False),
     "cpu_offload": dict(CASES["sequence, 2 epochs x 2 mini-batches"], cpu_offload=True),
+    # FSDP2's MixedPrecisionPolicy against one process's MasterWeights (bounds: BF16_REL)
+    "bf16-mixed": dict(CASES["token, KL + entropy in the loss"], precision="bf16-mixed"),
 }
 # every case the ranks run; the LoRA ones need peft (absent from `make test-bare`)
 DP_CASES = {name: hyper for name, hyper in {**CASES, **RANK_CASES}.items()
@@ -297,11 +309,14 @@ def make_worker(rank: int, world: int, hyper: dict, device: torch.device | None 
     if world == 1:
         if device is not None:  # before the worker: its optimizer state lives where the weights do
             model, ref = model.to(device), None if ref is None else ref.to(device)
+        if ref is not None and hyper.get("precision") == "bf16-mixed":  # the ranks' computes in bf16 too
+            ref = cast_for_compute(ref, "bf16-mixed")
         worker = PolicyWorker(model, 0, h, ref_model=ref)
     else:
         cpu = torch.device("cpu")
         options = sharding.ShardOptions(hyper.get("reshard_after_forward", True),
-                                        hyper.get("cpu_offload", False))
+                                        hyper.get("cpu_offload", False),
+                                        hyper.get("precision") == "bf16-mixed")
         root = sharding.shard_model(model, cpu, options)
         if ref is not None:
             ref = sharding.shard_model(ref, cpu, options)
@@ -346,7 +361,12 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
     out = {}
     for name, hyper in DP_CASES.items():
         worker, model = make_worker(rank, world, hyper)
+        seen = []  # the dtype the first projection computes in
+        hook = model.lm.get_decoder().layers[0].self_attn.q_proj.register_forward_pre_hook(
+            lambda module, args, seen=seen: seen.append(module.weight.dtype))
         out[name] = run_case(worker, model, hyper)
+        hook.remove()
+        out[f"compute dtype of {name}"] = seen[0]
         if hyper.get("reshard_after_forward") is False:  # a forward without backward leaves full
             before = worker.weights_checksum()  # weights in place: the weight methods reshard first
             worker.probe_logprobs([1, 5, 9, 11])
@@ -424,6 +444,8 @@ def test_two_gloo_ranks_give_the_gradient_of_one_process(tmp_path):
             # A and B of q_proj, v_proj and down_proj in each of the 2 layers
             assert all(".lora_" in n for n in one[0][0]) and len(one[0][0]) == 2 * 3 * 2
         assert_same_step(name, ranks[name], one, hyper.get("sgd_lr", 0.0))
+        mixed = hyper.get("precision") == "bf16-mixed"
+        assert ranks[f"compute dtype of {name}"] == (torch.bfloat16 if mixed else torch.float32)
         if f"sync after {name}" in ranks:
             assert_same_sync(name, ranks[f"sync after {name}"], sync_pieces(worker), one[0], hyper["sgd_lr"])
     a, b = ranks["resumed checksums"]
