@@ -103,7 +103,9 @@ class MasterWeights:
                 if p.requires_grad and lora:  # adapters (and a value head) train in fp32 as they are
                     continue
                 if p.requires_grad:
-                    master = p.detach().clone().float().requires_grad_(True)
+                    # a Parameter like the model's: the optimizer's fused AdamW and the single
+                    # gradient buffer (`reasonrl.accel.memory`) take it
+                    master = nn.Parameter(p.detach().clone().float())
                     self.pairs.append((p, master))
                     self.hooks.append(p.register_post_accumulate_grad_hook(self._accumulate(master)))
                 p.data = p.data.to(dtype)

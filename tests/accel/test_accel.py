@@ -380,6 +380,34 @@ def test_repeated_key_value_heads_serve_each_query_head_its_own_group(monkeypatc
     torch.testing.assert_close(out[True][0][:, :, 3], direct, atol=1e-6, rtol=1e-5)
 
 
+def test_bf16_training_attention_takes_the_math_kernel_with_the_fused_kernels_values(monkeypatch):
+    """bf16 with gradients on a CPU runs SDPA's math kernel (`math_attention`); fp32, no-grad
+    forwards and more keys than the cap keep the fused kernel. Both kernels give the same
+    values and gradients to bf16 rounding: each output is a softmax-weighted mean of 8-element
+    dot products, each operand rounded once (u = 2^-8), so 4 u relative to the largest entry
+    holds for either side (measured ~1 u)."""
+    from reasonrl.accel import kernels
+
+    gen = torch.Generator().manual_seed(0)
+    q32 = torch.randn(2, 4, 6, 8, generator=gen)
+    k32, v32 = (torch.randn(2, 2, 6, 8, generator=gen) for _ in range(2))
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in (q32, k32, v32))
+    assert kernels.math_attention(q, k) and not kernels.math_attention(q32, k32)
+    with torch.no_grad():
+        assert not kernels.math_attention(q, k)
+    monkeypatch.setattr(kernels, "MATH_ATTENTION_MAX_KEYS", 5)
+    assert not kernels.math_attention(q, k)  # 6 keys: over the cap
+    out = {}
+    for cap in (5, 1024):  # the fused kernel, then the math kernel
+        monkeypatch.setattr(kernels, "MATH_ATTENTION_MAX_KEYS", cap)
+        o, _ = kernels.gqa_sdpa_attention(None, q, k, v, mask, is_causal=False)
+        out[cap] = (o, *torch.autograd.grad(o.float().square().sum(), (q, k, v)))
+    for a, b in zip(out[5], out[1024], strict=True):
+        assert a.dtype == torch.bfloat16
+        assert (a.float() - b.float()).abs().max() <= 4 * 2.0 ** -8 * a.float().abs().max()
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("share_prompt", [False, True])
 @pytest.mark.parametrize("expand", [False, True], ids=["native_gqa", "repeated_kv"])
