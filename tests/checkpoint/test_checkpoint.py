@@ -96,6 +96,30 @@ def test_a_run_in_bf16_stops_and_resumes_exactly_in_its_precision(tmp_path, prec
     assert ("train/params_unchanged" in rows[-1]) == (precision == "bf16")
 
 
+def test_auto_precision_is_decided_once_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
+    """model.precision=auto is resolved before any model loads and saved resolved in
+    config.yaml: a resume keeps the run's precision even when this machine's calibration would
+    now pick another (here: the cache's answer changed from bf16-mixed to fp32)."""
+    from reasonrl.accel import calibrate
+
+    answer = {"now": "bf16-mixed"}
+    monkeypatch.setattr(calibrate, "precision_choice",
+                        lambda hidden, intermediate, tokens, device="cpu": (answer["now"], "from the test"))
+    trainer = Trainer(resume_cfg(tmp_path, "r", "model.precision=auto", "trainer.save_every=2",
+                                 "trainer.keep_last=0"))
+    interrupt_after(trainer, 2)
+    with pytest.raises(TrainingInterrupted):
+        trainer.fit()
+    run = tmp_path / "r"
+    assert "[reasonrl] model.precision=auto -> bf16-mixed: from the test" in capsys.readouterr().out
+    assert "precision: bf16-mixed" in (run / "config.yaml").read_text()
+    answer["now"] = "fp32"
+    assert main(["train", "--resume", str(run), "trainer.progress=false"]) == 0
+    assert "model.precision=auto" not in capsys.readouterr().out  # nothing decided again
+    assert "precision: bf16-mixed" in (run / "config.yaml").read_text()
+    assert [r["step"] for r in run_metrics(run)] == list(range(RESUME_STEPS + 1))
+
+
 MULTI_TURN = [f"env.fn={REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo", "env.max_turns=3",
               "env.max_turn_tokens=6"]
 
