@@ -37,6 +37,7 @@ from reasonrl.config.schema import (
     RewardConfig,
     RolloutConfig,
     RolloutPlacement,
+    TeacherConfig,
     TrackingConfig,
     TrainerConfig,
     VLLMConfig,
@@ -50,7 +51,7 @@ __all__ = [
     "DATA_FIELDS", "DEFAULT_SYSTEM_PROMPT", "MOVED", "RULES", "AlgoConfig", "ArithmeticConfig", "Config",
     "ConfigError", "CountdownConfig", "CriticConfig", "DataConfig", "EnvConfig", "EvalConfig", "LoraConfig",
     "ModelConfig", "OptimConfig", "PiecewiseConfig", "PlacementConfig", "PolicyPlacement", "RewardConfig",
-    "RolloutConfig", "RolloutPlacement", "TrackingConfig", "TrainerConfig", "VLLMConfig", "WandbConfig",
-    "WorkerPlacement", "after_prompt", "check_context", "check_device", "dump_yaml", "load_config", "param",
-    "parse_override", "resolve_device", "to_dict", "validate",
+    "RolloutConfig", "RolloutPlacement", "TeacherConfig", "TrackingConfig", "TrainerConfig", "VLLMConfig",
+    "WandbConfig", "WorkerPlacement", "after_prompt", "check_context", "check_device", "dump_yaml",
+    "load_config", "param", "parse_override", "resolve_device", "to_dict", "validate",
 ]

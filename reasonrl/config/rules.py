@@ -20,6 +20,7 @@ from reasonrl.config.schema import (
     CriticConfig,
     EnvConfig,
     PolicyPlacement,
+    TeacherConfig,
     WorkerPlacement,
 )
 from reasonrl.errors import ConfigError
@@ -194,6 +195,18 @@ def critic_rules(cfg: Config) -> None:
          f"estimators with a critic: {critics} (or remove the critic settings)")
 
 
+def teacher_rules(cfg: Config) -> None:
+    """The teacher's settings (teacher.*, placement.teacher.*) only with a teacher (teacher.path)."""
+    if cfg.teacher.path:
+        return
+    changed = [f"teacher.{f.name}" for f in dataclasses.fields(TeacherConfig)
+               if getattr(cfg.teacher, f.name) != getattr(TeacherConfig(), f.name)]
+    changed += [f"placement.teacher.{k}" for k, v in dataclasses.asdict(cfg.placement.teacher).items()
+                if v != getattr(WorkerPlacement(), k)]
+    need(not changed, f"{', '.join(changed)}: set, but teacher.path is empty (no teacher); set teacher.path "
+         "to distill from a teacher (docs/teachers.md), or remove them")
+
+
 def trainer_rules(cfg: Config) -> None:
     t, r = cfg.trainer, cfg.rollout
     need(t.batch_size >= r.n and t.batch_size % r.n == 0,
@@ -213,7 +226,8 @@ def placement_rules(cfg: Config) -> None:
             need(getattr(w, key) == default or w.ranks > 1,
                  f"placement.{role}.{key}: applies to FSDP2 ranks; set placement.{role}.ranks > 1 "
                  f"(it is {w.ranks})")
-    for role, w in (("policy", pl.policy), ("rollout", pl.rollout), ("critic", pl.critic)):
+    for role, w in (("policy", pl.policy), ("rollout", pl.rollout), ("critic", pl.critic),
+                    ("teacher", pl.teacher)):
         need(w.num_gpus <= 1 or w.num_gpus == int(w.num_gpus),
              f"placement.{role}.num_gpus: a fraction must be < 1 (0.5 shares a GPU), got {w.num_gpus}")
         for name, amount in w.resources.items():
@@ -221,8 +235,9 @@ def placement_rules(cfg: Config) -> None:
     for section in ("num_gpus", "resources"):
         need(pl.mode == "ray" or getattr(pl.policy, section) == getattr(WorkerPlacement(), section)
              and getattr(pl.rollout, section) == getattr(WorkerPlacement(), section)
-             and getattr(pl.critic, section) == getattr(WorkerPlacement(), section),
-             f"placement.policy/rollout/critic.{section}: only used with placement.mode=ray")
+             and getattr(pl.critic, section) == getattr(WorkerPlacement(), section)
+             and getattr(pl.teacher, section) == getattr(WorkerPlacement(), section),
+             f"placement.policy/rollout/critic/teacher.{section}: only used with placement.mode=ray")
     check_device(pl.device)
     need(pl.mode == "local" or pl.device == "auto",
          f"placement.device: {pl.device} is only used with placement.mode=local; in ray mode a worker "
@@ -233,7 +248,7 @@ def placement_rules(cfg: Config) -> None:
 
 # in the order of the config's sections (`Config`)
 RULES = (model_rules, data_rules, rollout_rules, env_rules, reward_rules, algo_rules, optim_rules,
-         eval_rules, critic_rules, trainer_rules, placement_rules)
+         eval_rules, critic_rules, teacher_rules, trainer_rules, placement_rules)
 
 
 def validate(cfg: Config) -> None:

@@ -328,6 +328,23 @@ class CriticConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """On-policy distillation (docs/teachers.md): a fixed teacher model scores every token the
+    student samples, and each token's advantage gains coef x (log pi_teacher - log pi_student)
+    of the sampled token, the negative per-token reverse KL (Thinking Machines' on-policy
+    distillation; slime's --opd-kl-coef)."""
+
+    # "" = no teacher; embedded = the embedded SmolLM2-135M-Instruct; tiny, an HF model folder, a
+    # reasonrl checkpoint (runs/<name>/checkpoints/step_N) or a Hub id org/name, as model.path.
+    # Its tokenizer must be the student's (checked at start-up)
+    path: str = ""
+    revision: str = ""  # Hub ids: a branch, tag or commit ("" = main)
+    coef: float = param(1.0, gt=0)  # the weight of the negative reverse KL in each token's advantage
+    # the weight of the task reward's advantage (algo.advantage) added to it: 0 = distillation alone
+    task_weight: float = param(1.0, ge=0)
+
+
+@dataclass
 class EvalConfig:
     """Held-out evaluation's own sampling (the trainer's eval and `reasonrl eval`; its options
     fill these). A record's `extra_info.n` / `extra_info.pass@k` override n and add its k."""
@@ -413,6 +430,7 @@ class PlacementConfig:
     policy: PolicyPlacement = field(default_factory=PolicyPlacement)
     rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
     critic: PolicyPlacement = field(default_factory=PolicyPlacement)  # algo.advantage=gae
+    teacher: WorkerPlacement = field(default_factory=WorkerPlacement)  # teacher.path (its own actor)
 
 
 @dataclass
@@ -446,6 +464,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
