@@ -9,6 +9,8 @@ Each choice a config key makes (`algo.advantage`, `algo.policy_loss`, `algo.rati
 from reasonrl.algo.advantages import (
     AdvantageInputs,
     estimate,
+    flat_group_count,
+    gdpo_rewards,
     group_advantages,
     informative_groups,
     zero_variance_groups,
@@ -24,7 +26,8 @@ from reasonrl.algo.value_loss import ValueLossSettings
 
 __all__ = [
     "AdvantageInputs", "LossSettings", "Metric", "Totals", "ValueLossSettings", "aggregate", "estimate",
-    "explained_variance", "gae", "group_advantages", "importance_ratio", "importance_weights",
+    "explained_variance", "flat_group_count", "gae", "gdpo_rewards", "group_advantages", "importance_ratio",
+    "importance_weights",
     "informative_groups", "masked_whiten", "token_rewards", "kl_estimate", "kl_penalised_rewards",
     "log_importance_ratio", "overlong_penalty", "policy_objective", "value_objective", "zero_variance_groups",
 ]

@@ -187,6 +187,37 @@ def reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
                        _batch_normalise(centred, x.std_eps)), None
 
 
+def gdpo_rewards(components: torch.Tensor, weights: list[float], group: torch.Tensor,
+                 std_eps: float = 1e-4, std_ddof: int = 1) -> torch.Tensor:
+    """r_i = sum_k w_k * (c_ik - mean(c_k,group)) / (std(c_k,group) + eps): GDPO's
+    reward-decoupled normalisation (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization
+    Policy Optimization for Multi-reward RL Optimization", arXiv:2601.05242; TRL's
+    multi_objective_aggregation="normalize_then_sum").
+
+    `components` [N, K]: each completion's K reward components, `weights` their K weights. Each
+    component is normalised within each prompt's group exactly as `grpo` normalises a reward (the
+    std's divisor n - `std_ddof`, `std_eps` added to the std), so a component that is constant in
+    a group contributes exactly 0 to that group's rows, and a component's scale does not matter:
+    a 0/1 correctness and a 0-100 quality score count by their weights alone, where their plain
+    sum would let the larger scale drown the other (GRPO's "advantage collapse"). The paper then
+    normalises the sum over the whole batch; that is the advantage estimator `reinforce_pp` run on
+    these rewards (reasonrl.source.collect calls this for reward.combine=gdpo)."""
+    if components.dim() != 2 or components.shape[1] != len(weights):
+        raise ValueError(f"components must be [N, {len(weights)}] (one column per weight), "
+                         f"got {list(components.shape)}")
+    total = torch.zeros(components.shape[0], dtype=components.dtype)
+    for k, weight in enumerate(weights):
+        normalised, _ = grpo(AdvantageInputs(components[:, k], group, std_eps, std_ddof=std_ddof))
+        total += weight * normalised
+    return total
+
+
+def flat_group_count(values: torch.Tensor, group: torch.Tensor) -> int:
+    """How many groups hold one value only (`flat_groups`: exact equality): under GDPO, the
+    groups to which this component contributes nothing."""
+    return len(torch.unique(group[flat_groups(values, group)]))
+
+
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
     """[N] bool: rows whose group's reward std is above `tol`.
 

@@ -106,6 +106,9 @@ def reward_rules(cfg: Config) -> None:
     for g in rw.gate:
         need(g in rw.weights, f"reward.gate: {g!r} is not in reward.weights, so it is not computed; add it "
              "there (weight 0 gates without adding to the sum)")
+    need(rw.combine != "gdpo" or cfg.rollout.n >= 2,
+         f"reward.combine=gdpo: normalises each component within a prompt's group, which needs "
+         f"rollout.n >= 2 samples per prompt, got {cfg.rollout.n}")
     need(not (rw.fn and rw.batch_fn), "reward.fn and reward.batch_fn: set one (both replace `correct`)")
     need(not rw.batch_fn or (":" in rw.batch_fn and all(rw.batch_fn.rpartition(":")[::2])),
          f"reward.batch_fn: expected module:function or path/file.py:function, got {rw.batch_fn!r}")

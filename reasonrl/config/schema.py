@@ -237,8 +237,10 @@ class RewardConfig:
     # completions, ground truths, group indices and extra_infos (README, "Custom rewards")
     batch_fn: str = ""
     # how components combine: sum = the weighted sum; all = the weighted sum if every weighted
-    # component scores > 0, else 0. gate: components that must score > 0 for the sum to count
-    combine: Literal["sum", "all"] = "sum"
+    # component scores > 0, else 0; gdpo = each component normalised within its prompt's group,
+    # then the weighted sum (GDPO, docs/algorithms.md). gate: components that must score > 0 for
+    # the sum to count (gdpo: for any component to count)
+    combine: Literal["sum", "all", "gdpo"] = "sum"
     gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component")
 
 

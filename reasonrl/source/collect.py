@@ -2,7 +2,9 @@
 
 `collect_batch` samples prompts, generates `rollout.n` completions each and scores them.
 Rewards are the task score (plus, in multi-turn episodes, the environment's rewards) plus
-DAPO's overlong penalty (`algo.overlong_buffer`, over the model's tokens). With
+DAPO's overlong penalty (`algo.overlong_buffer`, over the model's tokens); with
+`reward.combine=gdpo` they are GDPO's instead (`step_rewards`: those same terms as components,
+each normalised within its group, then weighted and summed). With
 `algo.dynamic_sampling` (DAPO, Yu et al. 2025, sec. 3.2), groups whose shaped rewards are
 all equal (std <= `dynamic_sampling_tol`) are dropped and new prompts sampled for the
 missing groups, for at most `max_resample` extra rounds; a batch still short after that
@@ -16,12 +18,12 @@ import time
 
 import torch
 
-from reasonrl.algo import informative_groups, overlong_penalty
+from reasonrl.algo import flat_group_count, gdpo_rewards, informative_groups, overlong_penalty
 from reasonrl.batch import Rollouts, Scores, StepBatch
 from reasonrl.config import Config
 from reasonrl.data import PromptSampler
 from reasonrl.envs import with_env_reward
-from reasonrl.rewards import score_rollouts
+from reasonrl.rewards import gate_of, score_rollouts
 from reasonrl.rollout import SamplingParams
 
 
@@ -29,6 +31,41 @@ def renumber_groups(group: torch.Tensor) -> torch.Tensor:
     """Group ids 0..k-1 in order of first appearance (after rows were dropped)."""
     ids: dict[int, int] = {}
     return torch.tensor([ids.setdefault(int(g), len(ids)) for g in group], dtype=torch.long)
+
+
+def gdpo_components(scores: Scores, rollouts: Rollouts, max_new_tokens: int,
+                    cfg: Config) -> dict[str, tuple[float, torch.Tensor]]:
+    """The components reward.combine=gdpo normalises, name -> (weight, [N] values): each
+    reward.weights component as the gate leaves it (a row that fails `reward.gate` scores 0 on
+    every one, as its weighted sum would be 0), the environment's reward `env` of multi-turn
+    episodes (weight 1: the sum adds it as it is), and DAPO's overlong penalty `overlong` (the
+    penalty at algo.overlong_penalty = 1, in [-1, 0], weighted by algo.overlong_penalty)."""
+    algo, passed = cfg.algo, torch.ones(len(scores.total), dtype=torch.bool)
+    for g in gate_of(cfg.reward):
+        passed &= scores.components[g] > 0
+    out = {name: (weight, torch.where(passed, scores.components[name], 0.0))
+           for name, weight in cfg.reward.weights.items()}
+    if "env" in scores.components:
+        out["env"] = (1.0, scores.components["env"])
+    if algo.overlong_buffer > 0:
+        out["overlong"] = (algo.overlong_penalty, overlong_penalty(rollouts.model_lengths, max_new_tokens,
+                                                                   algo.overlong_buffer, 1.0))
+    return out
+
+
+def step_rewards(scores: Scores, rollouts: Rollouts, max_new_tokens: int, cfg: Config) -> torch.Tensor:
+    """[N] the reward each row's advantage is estimated from. reward.combine=sum or all: the
+    scores' total plus DAPO's overlong penalty; gdpo: `gdpo_rewards` of `gdpo_components` (each
+    normalised within its prompt's group with algo.std_ddof and algo.std_eps, as `grpo` does),
+    which the configured `algo.advantage` then reads (the paper's batch normalisation:
+    reinforce_pp)."""
+    algo = cfg.algo
+    if cfg.reward.combine != "gdpo":
+        return scores.total + overlong_penalty(rollouts.model_lengths, max_new_tokens, algo.overlong_buffer,
+                                               algo.overlong_penalty)
+    parts = gdpo_components(scores, rollouts, max_new_tokens, cfg).values()
+    return gdpo_rewards(torch.stack([values for _, values in parts], dim=1), [w for w, _ in parts],
+                        rollouts.group, algo.std_eps, algo.std_ddof)
 
 
 def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg: Config) -> StepBatch:
@@ -45,8 +82,7 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         t = time.perf_counter()
         scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist())
         scores = with_env_reward(scores, rollouts)
-        rewards = scores.total + overlong_penalty(rollouts.model_lengths, sampling.max_new_tokens,
-                                                  algo.overlong_buffer, algo.overlong_penalty)
+        rewards = step_rewards(scores, rollouts, sampling.max_new_tokens, cfg)
         seconds["reward"] += time.perf_counter() - t
         if rollouts.episodes is not None:  # part of the rollout's time: its environment steps
             seconds["env"] = seconds.get("env", 0.0) + rollouts.episodes.seconds
@@ -75,7 +111,12 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
              "rollout/groups": float(len(torch.unique(rollouts.group[trainable]))),
              "rollout/generated_tokens": generated}
     if algo.overlong_buffer > 0:
-        stats["reward/overlong_penalty"] = (rewards - scores.total).mean().item()
+        penalty = overlong_penalty(rollouts.model_lengths, sampling.max_new_tokens, algo.overlong_buffer,
+                                   algo.overlong_penalty)
+        stats["reward/overlong_penalty"] = penalty.mean().item()
+    if cfg.reward.combine == "gdpo":  # the groups in which a component contributes nothing
+        for name, (_, values) in gdpo_components(scores, rollouts, sampling.max_new_tokens, cfg).items():
+            stats[f"reward/{name}_zero_std_groups"] = float(flat_group_count(values, rollouts.group))
     if algo.dynamic_sampling:
         stats["reward/mean_before_filter"] = torch.cat(sampled_rewards).mean().item()
     return StepBatch(rollouts, scores, rewards, trainable, stats, seconds)

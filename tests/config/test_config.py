@@ -527,7 +527,9 @@ def test_local_workers_live_on_the_configured_device(monkeypatch):
 @pytest.mark.parametrize("overrides, needle", [
     (["reward.gate=[format]"], "reward.gate: 'format' is not in reward.weights, so it is not computed"),
     (["reward.gate=[formatt]"], "reward.gate.formatt: unknown reward component"),
-    (["reward.combine=product"], "reward.combine: 'product' is not allowed; allowed values: sum, all"),
+    (["reward.combine=product"], "reward.combine: 'product' is not allowed; allowed values: sum, all, gdpo"),
+    (["reward.combine=gdpo", "rollout.n=1", "algo.advantage=reinforce_pp"],
+     "reward.combine=gdpo: normalises each component within a prompt's group, which needs rollout.n >= 2"),
     (["reward.fn=a:b", "reward.batch_fn=c:d"], "reward.fn and reward.batch_fn: set one"),
     (["reward.batch_fn=nocolon"], "reward.batch_fn: expected module:function"),
     (["reward.countdown_rule=tinyzer0"], "reward.countdown_rule: 'tinyzer0' is not allowed (did you mean "
