@@ -1,9 +1,17 @@
 """How close does reasonrl come to what this machine can do?
 
 Measures, and prints:
-1. the machine's matmul throughput (GFLOP/s) in fp32 and bf16, on square matrices and on the
-   shapes of a SmolLM2-135M training step; `F.linear` at decode's small batch with the weight
-   as stored by nn.Linear and stored transposed; the memory bandwidth (GB/s, a large copy);
+0. the CPU's model name and the flags that decide bf16's speed (x86: amx_bf16, amx_tile,
+   avx512_bf16, avx512f, avx2, fma; ARM: bf16, sve, asimd), as `reasonrl.accel.calibrate`
+   reads them for its measured choices;
+1. the machine's matmul throughput (GFLOP/s) in fp32 and bf16 and their ratio, on a square
+   matrix and on the matrix products of SmolLM2-135M (hidden 576, intermediate 1536, vocab
+   49152, 9 query / 3 key-value heads of 64) as the model calls them, `F.linear(x, W)` with W
+   [out, in] as nn.Linear stores it: a training micro-batch's 4096 rows (the forward, the
+   input and weight gradients of the MLP, attention's scores) and decode's 32 rows. The
+   third column is bf16 autocast on fp32 tensors (what `bf16-mixed` computes: the casts of x
+   and W are paid in every call); `F.linear` at decode's small batch with the weight as
+   stored by nn.Linear and stored transposed; the memory bandwidth (GB/s, a large copy);
 2. the training update's achieved FLOP/s: one `PolicyWorker.train_step` on B sequences of
    P prompt + T completion tokens, FLOPs counted as 6 x (non-embedding parameters) per token
    (forward 2, backward 4; Kaplan et al. 2020, sec. 2.1) + the attention score terms, plus the
@@ -44,6 +52,63 @@ def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype) -> float:
     return 2 * m * k * n / best_time(lambda: a @ b) / 1e9
 
 
+def linear_gflops(m: int, k: int, n: int, mode: str, weight_gradient: bool = False) -> float:
+    """`F.linear(x, W)` = x @ W^T, x [m, k] and W [n, k] as nn.Linear stores it, in `mode`: fp32,
+    bf16 (both tensors bf16) or autocast (fp32 tensors under CPU bf16 autocast: the casts are
+    counted). `weight_gradient` lays the operands out as autograd's weight gradient does,
+    grad_W = grad_y^T @ x with grad_y [rows, out] and x [rows, in] both row-major: x here is
+    the transposed view of a [k, m] tensor and W^T a row-major [k, n] one."""
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    x = (torch.randn(k, m).t() if weight_gradient else torch.randn(m, k)).to(dtype)
+    w = (torch.randn(k, n).t() if weight_gradient else torch.randn(n, k)).to(dtype)
+    if mode == "autocast":
+        def fn():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.nn.functional.linear(x, w)
+    else:
+        def fn():
+            return torch.nn.functional.linear(x, w)
+    return 2 * m * k * n / best_time(fn) / 1e9
+
+
+def attention_gflops(batch: int, heads: int, q: int, kv: int, head_dim: int, mode: str) -> float:
+    """The score product Q K^T, [batch*heads, q, d] @ [batch*heads, d, kv] (the A V product has
+    the same FLOPs), in `mode` as in `linear_gflops`."""
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    a = torch.randn(batch * heads, q, head_dim).to(dtype)
+    b = torch.randn(batch * heads, kv, head_dim).to(dtype).transpose(1, 2)
+    if mode == "autocast":
+        def fn():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.bmm(a, b)
+    else:
+        def fn():
+            return torch.bmm(a, b)
+    return 2 * batch * heads * q * kv * head_dim / best_time(fn) / 1e9
+
+
+# SmolLM2-135M's products: (name, rows, in, out, weight-gradient layout); rows = tokens of a micro-batch or
+# decode's batch. Training's backward runs each forward product twice more: the input gradient
+# (grad_y [rows, out] @ W: the same FLOPs as an out -> in linear) and the weight gradient
+# (grad_y^T @ x: `out` rows over a reduction of `rows`).
+HIDDEN, INTER, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 49152, 9, 3, 64
+TRAIN_ROWS, DECODE_ROWS = 4096, 32
+MODES = ("fp32", "bf16", "autocast")
+LINEAR_SHAPES = [
+    ("train q/o   576 -> 576", TRAIN_ROWS, HIDDEN, HIDDEN, False),
+    ("train k/v   576 -> 192", TRAIN_ROWS, HIDDEN, KV_HEADS * HEAD_DIM, False),
+    ("train up    576 -> 1536", TRAIN_ROWS, HIDDEN, INTER, False),
+    ("train down  1536 -> 576", TRAIN_ROWS, INTER, HIDDEN, False),
+    ("train lm head 576 -> 49152", TRAIN_ROWS, HIDDEN, VOCAB, False),
+    ("grad_W up   [1536x4096]@[4096x576]", INTER, TRAIN_ROWS, HIDDEN, True),
+    ("decode q/o  576 -> 576", DECODE_ROWS, HIDDEN, HIDDEN, False),
+    ("decode k/v  576 -> 192", DECODE_ROWS, HIDDEN, KV_HEADS * HEAD_DIM, False),
+    ("decode up   576 -> 1536", DECODE_ROWS, HIDDEN, INTER, False),
+    ("decode down 1536 -> 576", DECODE_ROWS, INTER, HIDDEN, False),
+    ("decode lm head 576 -> 49152", DECODE_ROWS, HIDDEN, VOCAB, False),
+]
+
+
 def bandwidth_gbs(mbytes: int = 512) -> float:
     src = torch.empty(mbytes * 2**20 // 4)
     src.fill_(1.0)
@@ -74,6 +139,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8)
     args = parser.parse_args()
 
+    from reasonrl.accel.calibrate import CHOICE_FLAGS, cpu_flags, cpu_model
     from reasonrl.batch import TrainBatch
     from reasonrl.config import OptimConfig
     from reasonrl.policy.model import load_model_and_tokenizer
@@ -82,20 +148,30 @@ def main() -> None:
     from reasonrl.rollout.hf import HFEngine
 
     torch.set_num_threads(os.cpu_count() or 1)
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
-    print("\n== matmul throughput (GFLOP/s, best of 5) ==")
-    cfg_shapes = [("square 2048", 2048, 2048, 2048),
-                  ("q/o proj  [4096x576]@[576x576]", 4096, 576, 576),
-                  ("mlp up    [4096x576]@[576x1536]", 4096, 576, 1536),
-                  ("lm head   [4096x576]@[576x49152]", 4096, 576, 49152),
-                  ("decode    [32x576]@[576x1536]", 32, 576, 1536)]
-    peak = 0.0
-    for name, m, k, n in cfg_shapes:
-        fp32 = matmul_gflops(m, k, n, torch.float32)
-        bf16 = matmul_gflops(m, k, n, torch.bfloat16)
-        peak = max(peak, fp32)
-        print(f"  {name:34s} fp32 {fp32:7.1f}   bf16 {bf16:7.1f}")
+    print(f"flags: {' '.join(cpu_flags()) or 'none'} (of {' '.join(CHOICE_FLAGS)})")
+    print("\n== matmul throughput (GFLOP/s, best of 5); autocast = fp32 tensors under CPU bf16 autocast ==")
+    print(f"  {'':40s} {'fp32':>7s} {'bf16':>7s} {'bf16/fp32':>9s} {'autocast':>8s} {'autocast/fp32':>13s}")
+
+    def row(name: str, fp32: float, bf16: float, auto: float | None) -> None:
+        tail = f" {auto:8.1f} {auto / fp32:12.2f}x" if auto is not None else ""
+        print(f"  {name:40s} {fp32:7.1f} {bf16:7.1f} {bf16 / fp32:8.2f}x{tail}")
+
+    square = (matmul_gflops(2048, 2048, 2048, torch.float32), matmul_gflops(2048, 2048, 2048, torch.bfloat16))
+    row("square 2048 (a @ b)", *square, None)
+    peak, peak_bf16 = square
+    for name, m, k, n, weight_gradient in LINEAR_SHAPES:
+        fp32, bf16, auto = (linear_gflops(m, k, n, mode, weight_gradient) for mode in MODES)
+        row(name if weight_gradient else f"{name} ({m} rows)", fp32, bf16, auto)
+        if not name.startswith("decode"):
+            peak, peak_bf16 = max(peak, fp32), max(peak_bf16, bf16)
+    batch, seq = TRAIN_ROWS // 128, 128
+    row(f"train attention QK^T {batch}x{HEADS} heads, {seq}^2",
+        *(attention_gflops(batch, HEADS, seq, seq, HEAD_DIM, mode) for mode in MODES))
+    row(f"decode attention QK^T {DECODE_ROWS}x{HEADS}, 1x192",
+        *(attention_gflops(DECODE_ROWS, HEADS, 1, 192, HEAD_DIM, mode) for mode in MODES))
+    print(f"  best training product: fp32 {peak:.1f}, bf16 {peak_bf16:.1f} GFLOP/s ({peak_bf16 / peak:.2f}x)")
     print("  weight layout at decode's batch of 32 (why the HF engine decodes with transposed weights):")
     for name, k, n in [("mlp up   576 -> 1536", 576, 1536), ("mlp down 1536 -> 576", 1536, 576),
                        ("lm head  576 -> 49152", 576, 49152)]:

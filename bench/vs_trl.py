@@ -2,15 +2,17 @@
 
     python bench/vs_trl.py --setup          # once: bench/.venv-trl with torch 2.13.0 + TRL 1.16.0
     python bench/vs_trl.py                  # alternate reasonrl / TRL (matched) / TRL (defaults)
+    python bench/vs_trl.py --precision bf16-mixed   # both sides in bf16 mixed precision, + TRL fp32
     make bench                              # the same two steps
 
 The work (identical on both sides): SmolLM2-135M-Instruct (reasonrl's converted copy of the
-embedded model), fp32, 8 GSM8K questions (tests/fixtures/gsm8k/train.jsonl, chat template,
-one system prompt) x 4 samples = 32 completions per step, at most 128 new tokens (`--max-new-tokens`),
-temperature 1, top-p 1, no top-k, beta 0 (no reference model), lr 1e-6 constant, AdamW,
-grad-norm clip 1.0, token-mean loss (TRL's `dapo`, reasonrl's `token`), one optimizer step
-per generation batch in micro-batches of 8, seed 0, and the same reward function (this
-file's `score`: 1 when the last number of the completion equals the answer).
+embedded model) in the precision `--precision` names (below), 8 GSM8K questions
+(tests/fixtures/gsm8k/train.jsonl, chat template, one system prompt) x 4 samples = 32
+completions per step, at most 128 new tokens (`--max-new-tokens`), temperature 1, top-p 1,
+no top-k, beta 0 (no reference model), lr 1e-6 constant, AdamW, grad-norm clip 1.0,
+token-mean loss (TRL's `dapo`, reasonrl's `token`), one optimizer step per generation batch
+in micro-batches of 8, seed 0, and the same reward function (this file's `score`: 1 when the
+last number of the completion equals the answer).
 
 Each side runs as its own process (TRL in its own virtual environment: it needs a newer
 transformers than reasonrl pins) for `--steps` steps; the three setups alternate for
@@ -26,6 +28,14 @@ RSS, the load average during each run, and the ratios reasonrl / TRL.
 - reasonrl-vllm: the same with `rollout.engine=vllm`; run by default when vLLM is installed
   (`make vllm`), its start-up counted in the process time, not in the step times.
 
+`--precision` (both sides alike): `fp32` (the default) runs everything in fp32, TRL with
+`bf16=False`. `bf16-mixed` runs reasonrl with `model.precision=bf16-mixed` (fp32 master weights
+and optimizer, bf16 compute) and TRL with `bf16=True`, its own mixed precision: the model stays
+fp32 and accelerate's `prepare_model` wraps its forward in `torch.autocast(dtype=bfloat16)`, on
+the CPU too (accelerate/accelerator.py, `native_amp`), so TRL's generation and its training
+forward both compute in bf16. It then adds the setup `trl-fp32`: TRL matched in fp32, the same
+work, so that one run holds both comparisons. The CPU's bf16 flags are printed with the figures.
+
 This module imports only the standard library at top level: the TRL side runs it with
 TRL's interpreter, the reasonrl side with ours, and reasonrl imports `score` from it.
 """
@@ -36,7 +46,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -82,13 +91,16 @@ def score(completion: str, ground_truth: str, extra_info: dict | None = None) ->
 
 
 def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    """The process's peak RSS: /proc's VmHWM, which starts anew at exec (getrusage's ru_maxrss
+    would carry the parent's high-water mark across the fork)."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 2**20  # kB
 
 
 # ---- the TRL side (runs in bench/.venv-trl) ------------------------------------------------
 
 
-def run_trl(model_dir: str, steps: int, matched: bool) -> dict:
+def run_trl(model_dir: str, steps: int, matched: bool, precision: str) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -108,8 +120,9 @@ def run_trl(model_dir: str, steps: int, matched: bool) -> dict:
         gradient_accumulation_steps=WORK["prompts"] * WORK["n"] // WORK["micro_batch"],
         num_generations=WORK["n"], max_completion_length=WORK["max_new_tokens"],
         temperature=1.0, top_p=1.0, top_k=0, beta=0.0, learning_rate=WORK["lr"],
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, use_cpu=True, bf16=False,
-        fp16=False, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
+        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, use_cpu=True,
+        bf16=precision == "bf16-mixed", fp16=False, report_to=[], logging_steps=1, save_strategy="no",
+        disable_tqdm=True,
         **({"gradient_checkpointing": False} if matched else {}))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -151,13 +164,14 @@ def run_trl(model_dir: str, steps: int, matched: bool) -> dict:
         shutil.rmtree(config.output_dir, ignore_errors=True)
     return {"steps": records, "peak_rss_gib": peak_rss_gib(),
             "settings": {"gradient_checkpointing": config.gradient_checkpointing,
-                         "loss_type": config.loss_type}}
+                         "loss_type": config.loss_type, "bf16": config.bf16,
+                         "weights": str(next(model.parameters()).dtype)}}
 
 
 # ---- the reasonrl side ------------------------------------------------------------------
 
 
-def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
+def run_reasonrl(model_dir: str, steps: int, engine: str, precision: str) -> dict:
     from reasonrl.config import load_config
     from reasonrl.train.trainer import Trainer
 
@@ -174,7 +188,9 @@ def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
         "algo.beta=0.0", "algo.loss_agg=token", f"trainer.steps={steps}",
         f"trainer.batch_size={WORK['prompts'] * WORK['n']}", f"trainer.seed={WORK['seed']}",
         f"trainer.output_dir={out}", "trainer.run_name=run", "trainer.progress=false",
-        "tracking.report=false"])
+        "tracking.report=false",
+        # fp32 is the default: no key, so that --base can name a checkout from before model.precision
+        *([f"model.precision={precision}"] if precision != "fp32" else [])])
     trainer = Trainer(cfg)
     records: list[dict] = []
     step = trainer.step
@@ -197,7 +213,7 @@ def run_reasonrl(model_dir: str, steps: int, engine: str) -> dict:
 
     return {"steps": records, "peak_rss_gib": peak_rss_gib(),
             "settings": {"engine": engine, "gradient_checkpointing": False, "loss_agg": "token",
-                         "code": str(Path(reasonrl.__file__).parent.parent)}}
+                         "precision": precision, "code": str(Path(reasonrl.__file__).parent.parent)}}
 
 
 # ---- the orchestrator -------------------------------------------------------------------
@@ -243,8 +259,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three setups")
     parser.add_argument("--engine", default="hf", help="reasonrl's rollout engine (hf or vllm)")
+    parser.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
+                        help="both sides' precision: fp32, or bf16-mixed (reasonrl "
+                             "model.precision=bf16-mixed, TRL bf16=True; adds trl-fp32: TRL matched in fp32)")
     parser.add_argument("--only", choices=["reasonrl", "reasonrl-vllm", "reasonrl-base", "trl-matched",
-                                           "trl-defaults"],
+                                           "trl-defaults", "trl-fp32"],
                         action="append", help="run only these setups (repeatable)")
     parser.add_argument("--base", metavar="FOLDER",
                         help="another checkout of reasonrl (e.g. `git worktree add /tmp/base <commit>`): "
@@ -260,10 +279,11 @@ def main() -> None:
     WORK["max_new_tokens"] = args.max_new_tokens
 
     if args.side == "reasonrl":
-        print(json.dumps(run_reasonrl(args.model_dir, args.steps, args.engine)), flush=True)
+        print(json.dumps(run_reasonrl(args.model_dir, args.steps, args.engine, args.precision)), flush=True)
         return
     if args.side in ("trl", "trl-matched"):
-        print(json.dumps(run_trl(args.model_dir, args.steps, args.side == "trl-matched")), flush=True)
+        print(json.dumps(run_trl(args.model_dir, args.steps, args.side == "trl-matched", args.precision)),
+              flush=True)
         return
     if args.setup:
         setup()
@@ -277,23 +297,28 @@ def main() -> None:
 
     vllm = ["reasonrl-vllm"] if args.engine != "vllm" and importlib.util.find_spec("vllm") else []
     base = ["reasonrl-base"] if args.base else []
-    wanted = args.only or ["reasonrl", *base, *vllm, "trl-matched", "trl-defaults"]
+    fp32_trl = ["trl-fp32"] if args.precision != "fp32" else []
+    wanted = args.only or ["reasonrl", *base, *vllm, "trl-matched", "trl-defaults", *fp32_trl]
+    if "trl-fp32" in wanted and args.precision == "fp32":
+        raise SystemExit("[bench] trl-fp32 is trl-matched when --precision is fp32: ask for trl-matched")
     if "reasonrl-base" in wanted and not args.base:
         raise SystemExit("[bench] reasonrl-base needs --base FOLDER (a checkout of the code to compare)")
     if any(w.startswith("trl") for w in wanted) and not Path(trl_python).exists():
         raise SystemExit(f"[bench] no TRL environment: run `python {Path(__file__).name} --setup` first")
-    setups = {"reasonrl": (sys.executable, ["--side", "reasonrl", "--engine", args.engine]),
-              "reasonrl-base": (sys.executable, ["--side", "reasonrl", "--engine", args.engine]),
-              "reasonrl-vllm": (sys.executable, ["--side", "reasonrl", "--engine", "vllm"]),
-              "trl-matched": (trl_python, ["--side", "trl-matched"]),
-              "trl-defaults": (trl_python, ["--side", "trl"])}
+    same = ["--precision", args.precision]
+    setups = {"reasonrl": (sys.executable, ["--side", "reasonrl", "--engine", args.engine, *same]),
+              "reasonrl-base": (sys.executable, ["--side", "reasonrl", "--engine", args.engine, *same]),
+              "reasonrl-vllm": (sys.executable, ["--side", "reasonrl", "--engine", "vllm", *same]),
+              "trl-matched": (trl_python, ["--side", "trl-matched", *same]),
+              "trl-defaults": (trl_python, ["--side", "trl", *same]),
+              "trl-fp32": (trl_python, ["--side", "trl-matched", "--precision", "fp32"])}
     results: dict[str, list[dict]] = {w: [] for w in wanted}
-    from reasonrl.accel.calibrate import cpu_model
+    from reasonrl.accel.calibrate import cpu_flags, cpu_model
 
-    print(f"[bench] {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
-          f"{args.rounds} rounds x "
+    print(f"[bench] {cpu_model()}, {os.cpu_count()} cores, flags {' '.join(cpu_flags()) or 'none'}; "
+          f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x "
           f"{args.steps} steps of {WORK['prompts']} prompts x {WORK['n']} samples, <= "
-          f"{WORK['max_new_tokens']} new tokens; model {model_dir}", flush=True)
+          f"{WORK['max_new_tokens']} new tokens, {args.precision}; model {model_dir}", flush=True)
     for r in range(args.rounds):
         for name in wanted:
             python, extra = setups[name]
@@ -320,7 +345,7 @@ def main() -> None:
               f"{s['load']:5.2f} {s['rss']:8.2f}")
     by = {s["name"]: s for s in rows}
     for ours in ("reasonrl", "reasonrl-vllm"):
-        for other in ("reasonrl-base", "trl-matched", "trl-defaults"):
+        for other in ("reasonrl-base", "trl-matched", "trl-defaults", "trl-fp32"):
             if ours in by and other in by:
                 a, o = by[ours], by[other]
                 print(f"{ours} / {other}: step time {a['median'] / o['median']:.2f}x, "
