@@ -174,7 +174,8 @@ class StepBatch:
 
     rollouts: Rollouts
     scores: Scores
-    # [N] the scores' totals (the environment's rewards included) plus DAPO's overlong penalty;
+    # [N] the scores' totals (the environment's rewards included) plus DAPO's overlong penalty, or
+    # with reward.combine=gdpo GDPO's reward (`reasonrl.source.collect.step_rewards`);
     # KL in the reward is not here: the advantage stage subtracts it (`reasonrl.train.advantage_stage`)
     rewards: torch.Tensor
     # [N] bool: rows that may enter the loss: all, or none when dynamic sampling found no
