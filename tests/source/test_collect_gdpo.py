@@ -66,6 +66,28 @@ def test_the_environments_reward_and_the_overlong_penalty_are_components():
     assert summed.tolist() == [1.0, 0.0, 0.5, 1.5]
 
 
+def test_a_batch_reward_is_the_correct_component():
+    """reward.batch_fn scores `correct` (tests/fixtures/batch_reward.py:group_rank: 1 for a hit,
+    +0.5 for the group's first), which GDPO normalises like any component; answer_present (weight
+    0.5) is the other. Two groups of 4, std_eps=0, A = sqrt(3)/2.
+    Group 0 (truth 7), texts [7, 7, x, x]: correct [1.5, 1, 0, 0], mean 5/8, std
+    sqrt((49 + 9 + 25 + 25) / 64 / 3) = 3/4, so [7/6, 1/2, -5/6, -5/6]; answer_present [1, 1, 0, 0]
+    -> [A, A, -A, -A]. Group 1 (truth 3), texts [no, 3, 3, no]: correct [0, 1.5, 1, 0] -> [-5/6,
+    7/6, 1/2, -5/6]; answer_present [0, 1, 1, 0] -> [-A, A, A, -A]."""
+    cfg = load_config(None, ["reward.combine=gdpo", "reward.weights={correct: 1.0, answer_present: 0.5}",
+                             f"reward.batch_fn={REPO / 'tests' / 'fixtures' / 'batch_reward.py'}:group_rank",
+                             "reward.isolate_fn=false", "algo.std_eps=0"])
+    texts = ["7", "7", "x", "x", "no", "3", "3", "no"]
+    batch = rollouts([1] * 8)
+    batch.group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    batch.examples = [Example(prompt="", ground_truth=t) for t in ["7"] * 4 + ["3"] * 4]
+    s = reasonrl.source.collect.score_rollouts(texts, batch.examples, cfg.reward, groups=batch.group.tolist())
+    assert s.components["correct"].tolist() == [1.5, 1.0, 0.0, 0.0, 0.0, 1.5, 1.0, 0.0]
+    high, low = 7 / 6 + A / 2, -5 / 6 - A / 2
+    torch.testing.assert_close(step_rewards(s, batch, 16, cfg),
+                               torch.tensor([high, 0.5 + A / 2, low, low, low, high, 0.5 + A / 2, low]))
+
+
 # ------------------------------------------------------- through the trainer, scores scripted
 
 BASE = ["trainer.progress=false", "data.arithmetic.val_size=0", "data.arithmetic.train_size=32",
