@@ -180,3 +180,4 @@ def test_a_tiny_run_trains_on_gdpo(tmp_path, staleness):
             assert metrics["train/grad_norm"] > 0
     finally:
         trainer.source.close()
+        trainer.run.release()
