@@ -191,7 +191,8 @@ class TrainBatch:
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    advantages: torch.Tensor  # [N] float, one per completion; [N, T] per token (a critic's GAE)
+    # [N] float, one per completion; [N, T] per token (a critic's GAE, on-policy distillation)
+    advantages: torch.Tensor
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
     sampler_logprobs: list[torch.Tensor] | None = None  # engine's per-token log-probs (mismatch, IS)
     # per row, aligned with completion_ids: 1 on model tokens (loss, KL, entropy), 0 on the
@@ -212,3 +213,15 @@ class CriticBatch:
     old_values: list[torch.Tensor]  # per row [T_i]: the critic's values the advantages were computed from
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
     token_mask: list[list[int]] | None = None  # per row: 1 on model tokens (as TrainBatch); None = all
+
+
+@dataclass
+class TeacherScores:
+    """The teacher stage's output (on-policy distillation, `teacher.path`): per row, the teacher's
+    and the student's log-probs of each completion token (empty for a row the update does not
+    train on), and the weights the advantage stage gives them (`reasonrl.algo.distill`)."""
+
+    teacher_logprobs: list[torch.Tensor]  # per row [T_i]: log pi_teacher(y_t | prompt, y_<t)
+    student_logprobs: list[torch.Tensor]  # per row [T_i]: log pi_student(y_t | ...), the policy now
+    coef: float = 1.0  # teacher.coef: the negative reverse KL's weight
+    task_weight: float = 1.0  # teacher.task_weight: the task advantage's weight (0: distillation alone)

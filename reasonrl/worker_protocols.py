@@ -1,7 +1,8 @@
-"""The two worker APIs the trainer (and the evaluation) call, declared.
+"""The worker APIs the trainer (and the evaluation) call, declared.
 
-`PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks) and `RolloutWorker`
-(reasonrl.rollout.worker) implement them as plain objects. `reasonrl.placement` hands the
+`PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks), `RolloutWorker`
+(reasonrl.rollout.worker), `CriticWorker` (reasonrl.policy.critic) and `TeacherWorker`
+(reasonrl.policy.teacher) implement them as plain objects. `reasonrl.placement` hands the
 trainer either those objects (local mode) or Ray proxies built from these protocols, method
 by method (ray mode): a method missing from a worker fails when its actor starts, not when
 the trainer first calls it.
@@ -33,6 +34,11 @@ class PolicyWorkerAPI(Protocol):
     def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                  ref_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each completion's per-token KL to the reference log-probs given (KL in the reward)."""
+        ...
+
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the policy now, without gradient (the
+        teacher stage's student side: what the teacher's log-probs are compared with)."""
         ...
 
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -88,6 +94,21 @@ class CriticWorkerAPI(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TeacherWorkerAPI(Protocol):
+    """The teacher of on-policy distillation (teacher.path): it scores the student's samples and
+    is never trained nor given a weight sync."""
+
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the teacher (the teacher stage)."""
+        ...
+
+    def weights_checksum(self) -> float:
+        """The teacher's weights' checksum: the same all run long."""
+        ...
 
     def close(self) -> None: ...
 

@@ -72,7 +72,8 @@ def step_stages() -> list[str]:
 
 def test_the_page_the_report_and_the_step_name_the_same_stages():
     stages = step_stages()
-    assert stages == ["rollout", "reward", "reference", "values", "advantage", "critic", "update", "sync"]
+    assert stages == ["rollout", "reward", "reference", "teacher", "values", "advantage", "critic", "update",
+                      "sync"]
     assert [s for s in STAGES if s != "eval"] == stages  # the report's time/<stage> plot, in step order
     (_, lines), = code_blocks(section("One training step, top to bottom"), "text")
     drawn = [m.group(1) for line in lines if (m := re.match(r"\s*-> (\w+):", line))]
@@ -187,7 +188,7 @@ def test_the_protocol_table_is_every_method_of_every_worker_api():
 
     rows = markdown_table(section("Workers and placement"), "| protocol | methods |")
     apis = {name: getattr(worker_protocols, name) for name in
-            ("PolicyWorkerAPI", "CriticWorkerAPI", "RolloutWorkerAPI")}
+            ("PolicyWorkerAPI", "CriticWorkerAPI", "TeacherWorkerAPI", "RolloutWorkerAPI")}
     assert [ticked(r[0])[0] for r in rows] == list(apis)
     for protocol, methods in rows:
         assert ticked(methods) == list(worker_protocols.api_methods(apis[ticked(protocol)[0]])), protocol

@@ -26,6 +26,7 @@ from reasonrl.placement.local import (
     make_critic,
     make_policy,
     make_rollout,
+    make_teacher,
     rollout_process_worker,
     value_model,
 )
@@ -36,7 +37,7 @@ from reasonrl.placement.preflight import (
     model_positions,
     preflight,
 )
-from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout
+from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout, RemoteTeacher
 from reasonrl.placement.sync import (
     InProcessCopy,
     SharedMemory,
@@ -51,9 +52,10 @@ from reasonrl.registry import ENGINES
 from reasonrl.weights import probe_ids
 
 __all__ = ["DEFAULT_POSITIONS", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
-           "RemotePolicy", "RemoteRollout", "SharedMemory", "StreamedBuckets", "WeightSync", "Workers",
-           "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic", "make_policy",
-           "make_rollout", "model_positions", "preflight", "receive", "rollout_process_worker",
+           "RemotePolicy", "RemoteRollout", "RemoteTeacher", "SharedMemory", "StreamedBuckets", "WeightSync",
+           "Workers", "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic",
+           "make_policy", "make_rollout", "make_teacher", "model_positions", "preflight", "receive",
+           "rollout_process_worker",
            "share_weights", "snapshot_sync", "unshare_weights", "value_model", "with_precision"]
 
 

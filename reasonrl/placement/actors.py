@@ -1,10 +1,10 @@
 """Ray mode (placement.mode=ray): the workers built inside Ray actors, and the checks that
 an actor Ray cannot place fails at start-up with the keys to change.
 
-The same plain classes (`PolicyWorker`, `RolloutWorker`, `CriticWorker`) are built inside
-`WorkerHost` actors with the resources of `placement.policy` / `placement.rollout` /
-`placement.critic` (fractional `num_gpus`, `num_cpus`, custom resources), on the Ray at
-`placement.address` or on one started for the run. The trainer gets proxies
+The same plain classes (`PolicyWorker`, `RolloutWorker`, `CriticWorker`, `TeacherWorker`) are
+built inside `WorkerHost` actors with the resources of `placement.policy` / `placement.rollout` /
+`placement.critic` / `placement.teacher` (fractional `num_gpus`, `num_cpus`, custom resources),
+on the Ray at `placement.address` or on one started for the run. The trainer gets proxies
 (`reasonrl.placement.proxies`) with the same methods. Every wait has a timeout and an error
 naming the worker and the resources it asks for (an actor Ray cannot place otherwise waits
 forever, silently). `placement.policy.ranks=N` makes the policy a group of N data-parallel
@@ -37,6 +37,7 @@ from reasonrl.placement.local import (
     make_critic,
     make_policy,
     make_rollout,
+    make_teacher,
     value_model,
 )
 from reasonrl.placement.proxies import (
@@ -44,6 +45,7 @@ from reasonrl.placement.proxies import (
     RemoteCritic,
     RemotePolicy,
     RemoteRollout,
+    RemoteTeacher,
     for_transport,
     resources_of,
     stop_actors,
@@ -51,11 +53,18 @@ from reasonrl.placement.proxies import (
 from reasonrl.placement.sync import StreamedBuckets, WeightSync
 from reasonrl.policy.critic import CriticWorker
 from reasonrl.policy.model import TINY, load_tokenizer
+from reasonrl.policy.teacher import TeacherWorker
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import ENGINES, needs_critic
 from reasonrl.rng import seed_everything
 from reasonrl.rollout import RolloutWorker
-from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, missing_methods
+from reasonrl.worker_protocols import (
+    CriticWorkerAPI,
+    PolicyWorkerAPI,
+    RolloutWorkerAPI,
+    TeacherWorkerAPI,
+    missing_methods,
+)
 
 # what every actor process gets in its environment (besides REASONRL_HOME when set here)
 ACTOR_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
@@ -96,6 +105,11 @@ def _build_critic_rank(cfg: Config, rank: int, world: int, init_method: str, bac
                                          sharding.ShardOptions.of(cfg.placement.critic, cfg.model.precision))
     return parallel.RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, rank, world,
                                      device=device)
+
+
+def _build_teacher(cfg: Config) -> TeacherWorker:
+    """In the teacher's actor: its own model (teacher.path), never synced."""
+    return make_teacher(cfg, _device(cfg.placement.teacher.num_gpus))
 
 
 def _build_policy(cfg: Config) -> PolicyWorker:
@@ -239,7 +253,7 @@ def check_api(actors: list[tuple[str, Any, Any]], missing: list[list[str]]) -> N
         raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.worker_protocols declares them)")
 
 
-def check_capacity(cfg: Config, critics: int) -> None:
+def check_capacity(cfg: Config, critics: int, teachers: int = 0) -> None:
     """PlacementError, before any actor starts, when the workers ask for more CPUs or GPUs than
     the Ray cluster has in all, or a rollout replica for more GPUs than any one machine has
     (an actor Ray cannot place would wait for placement.start_timeout): names the keys and
@@ -251,6 +265,8 @@ def check_capacity(cfg: Config, critics: int) -> None:
               ("placement.policy.ranks", p.policy.ranks, "policy", p.policy)]
     if critics:
         groups.append(("placement.critic.ranks", critics, "critic", p.critic))
+    if teachers:
+        groups.append(("teachers", teachers, "teacher", p.teacher))
     total = ray.cluster_resources()
     have = f"{total.get('CPU', 0):g} CPU and {total.get('GPU', 0):g} GPU"
     for resource, attr in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
@@ -270,8 +286,9 @@ def check_capacity(cfg: Config, critics: int) -> None:
 
 
 def build_ray_workers(cfg: Config) -> Workers:
-    """Actors for the rollout replicas, the policy ranks and the critic's (see the module
-    docstring); the proxies over them, and the streamed weight sync with its plan."""
+    """Actors for the rollout replicas, the policy ranks, the critic's and the teacher (see the
+    module docstring); the proxies over them, and the streamed weight sync with its plan (which
+    never reaches the teacher)."""
     p = cfg.placement
     if cfg.model.path not in ("", TINY) and Path(cfg.model.path).exists():  # actors may run elsewhere
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
@@ -279,18 +296,23 @@ def build_ray_workers(cfg: Config) -> Workers:
     if cfg.critic.path and Path(cfg.critic.path).exists():
         cfg = dataclasses.replace(cfg, critic=dataclasses.replace(
             cfg.critic, path=str(Path(cfg.critic.path).resolve())))
+    if cfg.teacher.path and Path(cfg.teacher.path).exists():
+        cfg = dataclasses.replace(cfg, teacher=dataclasses.replace(
+            cfg.teacher, path=str(Path(cfg.teacher.path).resolve())))
     _connect(p)
     env = dict(ACTOR_ENV)
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
     world, replicas = p.policy.ranks, p.rollout.replicas
     critics = p.critic.ranks if needs_critic(cfg.algo.advantage) else 0
-    check_capacity(cfg, critics)
+    teachers = 1 if cfg.teacher.path else 0
+    check_capacity(cfg, critics, teachers)
     names = ["rollout" if replicas == 1 else f"rollout replica {i}" for i in range(replicas)]
     names += [f"policy rank {r}" if world > 1 else "policy" for r in range(world)]
     names += [f"critic rank {r}" if critics > 1 else "critic" for r in range(critics)]
-    roles = [p.rollout] * replicas + [p.policy] * world + [p.critic] * critics
-    envs = [env] * replicas + [{**env, **POLICY_ENV}] * world + [env] * critics
+    names += ["teacher"] * teachers
+    roles = [p.rollout] * replicas + [p.policy] * world + [p.critic] * critics + [p.teacher] * teachers
+    envs = [env] * replicas + [{**env, **POLICY_ENV}] * world + [env] * (critics + teachers)
     actors = [(name, _start(role, cfg, e), role) for name, role, e in zip(names, roles, envs, strict=True)]
     # 1. every actor running (scheduled on a machine with its resources); rank 0 of the policy
     # (and of the critic) offers its group's rendezvous
@@ -306,12 +328,14 @@ def build_ray_workers(cfg: Config) -> Workers:
             builds.append(actor.build.remote(_build_policy_rank, PolicyWorkerAPI, cfg, rank, world,
                                              init_method, backend))
     critic_backend = p.backend if p.backend != "auto" else ("nccl" if p.critic.num_gpus > 0 else "gloo")
-    for rank, (_, actor, _) in enumerate(actors[replicas + world:]):
+    for rank, (_, actor, _) in enumerate(actors[replicas + world: replicas + world + critics]):
         if critics == 1:
             builds.append(actor.build.remote(_build_critic, CriticWorkerAPI, cfg))
         else:
             builds.append(actor.build.remote(_build_critic_rank, CriticWorkerAPI, cfg, rank, critics,
                                              critic_init, critic_backend))
+    builds += [actor.build.remote(_build_teacher, TeacherWorkerAPI, cfg)
+               for _, actor, _ in actors[replicas + world + critics:]]
     missing = _await_start(actors, builds, "load its model", cfg)
     check_api(actors, missing)
 
@@ -323,11 +347,13 @@ def build_ray_workers(cfg: Config) -> Workers:
     spans = (("rollout", 0, replicas, "replica", p.rollout),
              ("policy" if world == 1 else f"policy ({world} ranks)", replicas, world, "rank", p.policy),
              ("critic" if critics == 1 else f"critic ({critics} ranks)", replicas + world, critics, "rank",
-              p.critic))
+              p.critic),
+             ("teacher", replicas + world + critics, teachers, "actor", p.teacher))
     groups = [ActorGroup(name, handles[start: start + count], actor_names(name, count, unit),
                          resources_of(role), p.call_timeout) for name, start, count, unit, role in spans]
     rollout, policy = RemoteRollout(groups[0], encoder), RemotePolicy(groups[1])
     critic = RemoteCritic(groups[2]) if critics else None
+    teacher = RemoteTeacher(groups[3]) if teachers else None
     try:  # what a sync sends never changes: planned once, here (no communication between ranks)
         plan = policy.sync_plan(int(p.sync_bucket_mb * 2**20))
     except BaseException:
@@ -335,7 +361,7 @@ def build_ray_workers(cfg: Config) -> Workers:
         raise
     sync = WeightSync(policy, rollout, StreamedBuckets(groups[1], groups[0], plan))
     return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, sync=sync, critic=critic,
-                   actors=handles)
+                   teacher=teacher, actors=handles)
 
 
 def actor_names(name: str, count: int, unit: str) -> list[str]:

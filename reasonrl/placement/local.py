@@ -1,11 +1,13 @@
 """The workers built in this process (placement.mode=local), and the factories every mode
-uses to build one: `load_model`, `make_policy`, `make_critic`, `make_rollout` (a Ray actor
-calls them too, on its own machine).
+uses to build one: `load_model`, `make_policy`, `make_critic`, `make_rollout`, `make_teacher` (a
+Ray actor calls them too, on its own machine).
 
 The policy and rollout workers are plain objects on `placement.device` (auto = the GPU when
 torch sees one); the HF rollout engine shares the policy's model (a weight sync copies
 nothing and is verified by checksum), except with LoRA, where the engine holds a plain copy
-(on the same device) and receives the merged weights.
+(on the same device) and receives the merged weights. A teacher (on-policy distillation,
+`teacher.path`) is a plain object here too, its own model beside the policy's, and no weight
+sync reaches it (`WeightSync` moves the policy's weights to the rollout worker alone).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from reasonrl.placement.sync import InProcessCopy, WeightSync
 from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.policy.model import load_model_and_tokenizer
 from reasonrl.policy.precision import cast_for_compute, load_dtype
+from reasonrl.policy.teacher import TeacherSettings, TeacherWorker, teacher_model
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import needs_critic
 from reasonrl.rollout import RolloutWorker, make_engine
-from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI
+from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, TeacherWorkerAPI
 
 
 @dataclass
@@ -37,13 +40,14 @@ class Workers:
     tokenizer: object
     sync: WeightSync
     critic: CriticWorkerAPI | None = None  # critic estimators (algo.advantage=gae) only
+    teacher: TeacherWorkerAPI | None = None  # on-policy distillation (teacher.path) only
     actors: list = field(default_factory=list)  # ray mode: the actor handles, for close()
 
     def close(self) -> None:
         """Free the workers: engines closed (vLLM's memory and process state), Ray actors
         stopped. Safe to call twice."""
-        workers = (self.rollout, self.policy, self.critic)
-        self.policy = self.rollout = self.critic = self.sync = None
+        workers = (self.rollout, self.policy, self.critic, self.teacher)
+        self.policy = self.rollout = self.critic = self.teacher = self.sync = None
         try:
             for worker in workers:
                 if worker is not None:
@@ -103,6 +107,13 @@ def make_critic(cfg: Config, lm, tokenizer) -> CriticWorker:
                         precision=cfg.model.precision)
 
 
+def make_teacher(cfg: Config, device: str = "cpu") -> TeacherWorker:
+    """The teacher of on-policy distillation: `teacher.path`'s model on `device`, scoring in the
+    run's compute precision (`reasonrl.policy.teacher`); nothing trains it or syncs to it."""
+    model, tokenizer = teacher_model(cfg, device)
+    return TeacherWorker(model, tokenizer.pad_token_id, TeacherSettings.from_config(cfg))
+
+
 def make_rollout(cfg: Config, model, tokenizer) -> RolloutWorker:
     # hf shares `model`; vllm starts from a copy of its weights. The engine computes in the
     # precision's compute dtype (a policy's model shared here is cast already by its learner)
@@ -130,5 +141,6 @@ def build_local_workers(cfg: Config) -> Workers:
     engine_model = copy.deepcopy(model) if cfg.model.lora.rank > 0 else model
     policy = make_policy(cfg, model, tokenizer)
     rollout = make_rollout(cfg, engine_model, tokenizer)
-    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, critic=critic,
+    teacher = make_teacher(cfg, device) if cfg.teacher.path else None
+    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, critic=critic, teacher=teacher,
                    sync=WeightSync(policy, rollout, InProcessCopy(policy, rollout)))

@@ -15,6 +15,7 @@ from reasonrl.config import Config, check_context
 from reasonrl.envs import environment_spec
 from reasonrl.errors import ConfigError
 from reasonrl.policy.model import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
+from reasonrl.policy.teacher import check_tokenizers, teacher_source
 from reasonrl.policy.worker import policy_loss_fn
 from reasonrl.registry import ENGINES, needs_critic
 from reasonrl.tracking import missing_extra
@@ -27,8 +28,9 @@ def preflight(cfg: Config) -> None:
     `check_capacity`, once Ray is up), the environment of multi-turn runs (env.fn's class, the
     python tool's sandbox), an out-of-tree policy loss (`algo.loss_fn`: loaded and its
     signature checked here too, so a ray-mode run fails in one line rather than inside an
-    actor), and that the longest sequence fits the model's context (`check_model_context`: its
-    config.json only)."""
+    actor), that a teacher (teacher.path) has the student's tokenizer (`check_tokenizers`: the
+    tokenizers only), and that the longest sequence fits the model's context
+    (`check_model_context`: its config.json only)."""
     problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
     if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
@@ -44,6 +46,8 @@ def preflight(cfg: Config) -> None:
         raise ConfigError("\n".join(problems))
     environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
     policy_loss_fn(cfg.algo)  # algo.loss_fn imported and its signature checked
+    if cfg.teacher.path:
+        check_tokenizers(cfg)  # a teacher reading other token ids: refused before any model loads
     check_model_context(cfg)
 
 
@@ -90,10 +94,13 @@ def model_positions(path: str, revision: str = "") -> tuple[int, str] | None:
 
 def check_model_context(cfg: Config) -> None:
     """`check_context` (a ConfigError naming data.max_prompt_tokens, rollout.max_new_tokens and
-    the limit) for the policy's model and, with a critic, critic.path's."""
+    the limit) for the policy's model and, with a critic, critic.path's, with a teacher
+    teacher.path's."""
     models = [("the model", cfg.model.path, cfg.model.revision)]
     if cfg.critic.path and needs_critic(cfg.algo.advantage):
         models.append(("critic.path's model", cfg.critic.path, ""))
+    if cfg.teacher.path:
+        models.append(("teacher.path's model", teacher_source(cfg.teacher.path), cfg.teacher.revision))
     for name, path, revision in models:
         found = model_positions(path, revision)
         if found is not None:

@@ -13,7 +13,13 @@ import torch
 from reasonrl.batch import Rollouts
 from reasonrl.errors import PlacementError, WeightSyncError
 from reasonrl.rollout import RolloutWorker, prompt_seeds
-from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, api_methods
+from reasonrl.worker_protocols import (
+    CriticWorkerAPI,
+    PolicyWorkerAPI,
+    RolloutWorkerAPI,
+    TeacherWorkerAPI,
+    api_methods,
+)
 
 
 def resources_of(role) -> dict[str, float]:
@@ -168,6 +174,11 @@ class RemoteCritic(RemoteWorker):
         self._into_folder("save", folder)
 
 
+class RemoteTeacher(RemoteWorker):
+    """`TeacherWorkerAPI` over the teacher's actor (see `_forward_api`): scoring only; no weight
+    sync goes to it."""
+
+
 class RemoteRollout(RemoteWorker):
     """`RolloutWorkerAPI` over the rollout replicas' actors (`placement.rollout.replicas`), one
     engine each (see `_forward_api`): one rollout worker to the trainer. A rollout splits the
@@ -244,3 +255,4 @@ def _forward_api(cls: type, api: type) -> None:
 _forward_api(RemotePolicy, PolicyWorkerAPI)
 _forward_api(RemoteRollout, RolloutWorkerAPI)
 _forward_api(RemoteCritic, CriticWorkerAPI)
+_forward_api(RemoteTeacher, TeacherWorkerAPI)

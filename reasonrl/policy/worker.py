@@ -112,6 +112,13 @@ class PolicyWorker:
                        lambda mb: completion_logprobs(model, mb, self.settings.temperature)[0])
 
     @torch.no_grad()
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the policy now (float32, on the CPU), one
+        unpadded tensor per row, in the micro-batches the update lays these rows out in: the
+        student side of the teacher stage (`reasonrl.policy.teacher` computes the teacher's alike)."""
+        return [row.float().cpu() for row in self.row_logprobs(self.model, prompt_ids, completion_ids)]
+
+    @torch.no_grad()
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                       temperature: float = 1.0) -> list[torch.Tensor]:
         """Per-token entropy (nats) of softmax(logits / temperature) at each completion

@@ -11,7 +11,8 @@ are model output.
 One module per job, each using only those above it:
 
     load.py     a run directory read back (`Run`, `load_run`)
-    plots.py    the plots (`PLOTS`, `CRITIC_PLOTS`, `STAGES`, the staleness histogram) drawn as PNGs
+    plots.py    the plots (`PLOTS`, `CRITIC_PLOTS`, `DISTILL_PLOTS`, `STAGES`, the staleness
+                histogram) drawn as PNGs
     tables.py   the numbers: summary, held-out evaluations, asynchronous training, sample steps,
                 config differences
     page.py     the HTML page (`render_html`): everything escaped and inlined
@@ -23,6 +24,7 @@ from reasonrl.report.load import Run, eval_description, load_run
 from reasonrl.report.page import _samples_html, render_html
 from reasonrl.report.plots import (
     CRITIC_PLOTS,
+    DISTILL_PLOTS,
     PLOTS,
     STAGES,
     Plot,
@@ -43,8 +45,8 @@ from reasonrl.report.tables import (
 )
 
 __all__ = [
-    "CRITIC_PLOTS", "PLOTS", "STAGES", "Plot", "Run", "_samples_html", "async_numbers", "async_rows",
-    "config_differences", "default_output", "draw_plot", "draw_staleness", "draw_time", "eval_description",
-    "eval_table", "load_run", "plot_title", "render_html", "report_after_training", "sample_steps",
-    "staleness_histogram", "stage_seconds", "summary_rows", "write_report",
+    "CRITIC_PLOTS", "DISTILL_PLOTS", "PLOTS", "STAGES", "Plot", "Run", "_samples_html", "async_numbers",
+    "async_rows", "config_differences", "default_output", "draw_plot", "draw_staleness", "draw_time",
+    "eval_description", "eval_table", "load_run", "plot_title", "render_html", "report_after_training",
+    "sample_steps", "staleness_histogram", "stage_seconds", "summary_rows", "write_report",
 ]

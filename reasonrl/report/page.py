@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from reasonrl.report.load import Run
 from reasonrl.report.plots import (
     CRITIC_PLOTS,
+    DISTILL_PLOTS,
     PLOTS,
     STAGES,
     Plot,
@@ -227,6 +228,9 @@ def render_html(runs: list[Run]) -> str:
         *([f'<h2 id="critic">Critic</h2><div class="grid">'
            f'{"".join(_plot_figure(p, runs) for p in CRITIC_PLOTS)}</div>']
           if any(run.has("critic/vf_loss") for run in runs) else []),
+        *([f'<h2 id="distill">Distillation</h2><div class="grid">'
+           f'{"".join(_plot_figure(p, runs) for p in DISTILL_PLOTS)}</div>']
+          if any(run.has("distill/reverse_kl") for run in runs) else []),
         *([f'<h2 id="async">Asynchronous training</h2>{_async_html(runs)}'] if asynchronous else []),
         '<h2 id="eval">Held-out evaluation</h2>',
     ]

@@ -68,8 +68,21 @@ CRITIC_PLOTS = [
     Plot("critic_grad_norm", "Critic gradient norm", [("critic/grad_norm", "grad norm")]),
 ]
 
+# the distillation panel: only for runs with a teacher (teacher.path, docs/teachers.md)
+DISTILL_PLOTS = [
+    Plot("distill_reverse_kl", "Reverse KL to the teacher (nats/token)",
+         [("distill/reverse_kl", "log pi_student - log pi_teacher")], smooth=True,
+         note="token mean over the sampled tokens (k1): 0 when the student scores them as the teacher does"),
+    Plot("distill_logprobs", "Log-prob of the sampled tokens (mean per token)",
+         [("distill/teacher_logprob", "teacher"), ("distill/student_logprob", "student")],
+         note="the student's samples as each model scores them; the gap is the reverse KL"),
+    Plot("distill_prefers", "Tokens the teacher finds likelier", [("distill/teacher_prefers", "fraction")],
+         unit_interval=True, note="where the distillation term raises the sampled token's probability"),
+]
+
 # time/<stage> in the order of Trainer.step; "other" = the rest of time/step
-STAGES = ["rollout", "reward", "reference", "values", "advantage", "critic", "update", "sync", "eval"]
+STAGES = ["rollout", "reward", "reference", "teacher", "values", "advantage", "critic", "update", "sync",
+          "eval"]
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf"]
 STYLES = ["-", "--", ":", "-."]

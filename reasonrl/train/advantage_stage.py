@@ -12,6 +12,9 @@ holds:
   model tokens; the advantages come back whitened over the batch's tokens when
   `algo.whiten_advantages`, and the critic's regression targets (the returns) as a
   `CriticBatch`.
+With a teacher (on-policy distillation, `teacher.path`) the estimator's advantages, times
+teacher.task_weight, gain each token's coef x (log pi_teacher - log pi_student) from the teacher
+stage's log-probs (`distilled`, `reasonrl.algo.distill`): per-token advantages [N, T].
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from reasonrl.algo import (
     masked_whiten,
     token_rewards,
 )
-from reasonrl.batch import CriticBatch, StepBatch
+from reasonrl.algo.distill import distill_advantages, reverse_kl
+from reasonrl.batch import CriticBatch, Rollouts, StepBatch, TeacherScores
 from reasonrl.config import AlgoConfig
 from reasonrl.registry import needs_critic
 
@@ -41,8 +45,52 @@ def padded(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Te
 
 
 def estimate_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
-                        values: list[torch.Tensor] | None, trainable: torch.Tensor,
-                        algo: AlgoConfig) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
+                        values: list[torch.Tensor] | None, trainable: torch.Tensor, algo: AlgoConfig,
+                        teacher: TeacherScores | None = None
+                        ) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
+    """`task_advantages`, and with `teacher` (the teacher stage's scores) their per-token sum with
+    the distillation term (`distilled`) and its `distill/` metrics."""
+    advantages, critic_batch, metrics = task_advantages(batch, token_kl, values, trainable, algo)
+    if teacher is not None:
+        advantages, found = distilled(advantages, batch.rollouts, teacher, trainable)
+        metrics.update(found)
+    return advantages, critic_batch, metrics
+
+
+def distilled(advantages: torch.Tensor, rollouts: Rollouts, teacher: TeacherScores,
+              trainable: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """([N, T] advantages: `reasonrl.algo.distill.distill_advantages` of the task's and the teacher
+    stage's log-probs over each trained row's model tokens, 0 elsewhere; its metrics): token means
+    over those tokens of the reverse KL log pi_s - log pi_t (`distill/reverse_kl`), of the
+    teacher's and the student's log-probs (`distill/teacher_logprob`, `distill/student_logprob`),
+    and the share of the tokens the teacher finds likelier than the student does
+    (`distill/teacher_prefers`: where the term raises the token's probability)."""
+    width = max((len(c) for c in rollouts.completion_ids), default=0)
+    mask = torch.zeros(len(rollouts), width)
+    for i, m in enumerate(rollouts.token_mask):
+        if trainable[i]:
+            if len(teacher.teacher_logprobs[i]) != len(m) or len(teacher.student_logprobs[i]) != len(m):
+                raise ValueError(f"row {i}: teacher stage log-probs for {len(teacher.teacher_logprobs[i])} / "
+                                 f"{len(teacher.student_logprobs[i])} of its {len(m)} completion tokens")
+            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    student, _ = padded(teacher.student_logprobs, width)
+    teacher_logp, _ = padded(teacher.teacher_logprobs, width)
+    out = distill_advantages(advantages, student, teacher_logp, mask, teacher.coef, teacher.task_weight)
+    tokens = mask.sum()
+    if tokens == 0:  # no row trains this step: nothing was scored
+        return out, {}
+
+    def mean(x: torch.Tensor) -> float:
+        return ((x * mask).sum() / tokens).item()
+
+    kl = reverse_kl(student, teacher_logp)
+    return out, {"distill/reverse_kl": mean(kl), "distill/teacher_logprob": mean(teacher_logp),
+                 "distill/student_logprob": mean(student), "distill/teacher_prefers": mean((kl < 0).float())}
+
+
+def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
+                    values: list[torch.Tensor] | None, trainable: torch.Tensor,
+                    algo: AlgoConfig) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
     """(advantages [N] or [N, T], the critic's batch (critic estimators) or None, metrics).
 
     `token_kl`: each completion's per-token KL to the reference (the reference stage; None

@@ -2,8 +2,8 @@
 
 One step, top to bottom (`Trainer.step`), each stage one named, timed call:
     prompts -> rollout (G samples each) -> rewards -> reference log-probs (and the KL in the
-    reward) and critic values (the forwards, when used) -> advantages (pure) -> critic update
-    -> policy update -> sync
+    reward), the teacher's log-probs (on-policy distillation) and critic values (the forwards,
+    when used) -> advantages (pure) -> critic update -> policy update -> sync
 then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). The batch comes from
 the run's batch source (`reasonrl.source`): collected now, on-policy, or ahead on a rollout
 side of its own by an older policy version (trainer.max_staleness > 0); the step reads the same
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.batch import StepBatch, TrainBatch
+from reasonrl.batch import StepBatch, TeacherScores, TrainBatch
 from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
-from reasonrl.config import Config, to_dict
+from reasonrl.config import Config, TeacherConfig, to_dict
 from reasonrl.data import load_examples
 from reasonrl.evaluate import eval_settings, record_plan
 from reasonrl.placement import build_workers, preflight, with_precision
@@ -84,6 +84,21 @@ def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor,
     return policy.reference_logprobs(*ids, loss_mask), None
 
 
+def teacher_stage(teacher, policy, ids: tuple, loss_mask: torch.Tensor,
+                  settings: TeacherConfig) -> TeacherScores:
+    """The teacher's log-probs of the completions the update trains on (`loss_mask`) and the
+    student's to compare them with (the policy's now: on-policy, the version that sampled them):
+    the step's teacher forward and one forward of the policy without gradient. Other rows' are
+    empty: they get no advantage."""
+    rows = [i for i in range(len(ids[0])) if loss_mask[i]]
+    prompts, completions = [ids[0][i] for i in rows], [ids[1][i] for i in rows]
+    found = teacher.logprobs(prompts, completions), policy.logprobs(prompts, completions)
+    teacher_lp, student_lp = ([torch.zeros(0)] * len(ids[0]) for _ in range(2))
+    for k, i in enumerate(rows):
+        teacher_lp[i], student_lp[i] = found[0][k], found[1][k]
+    return TeacherScores(teacher_lp, student_lp, settings.coef, settings.task_weight)
+
+
 def with_epochs(cfg: Config, num_prompts: int) -> Config:
     """`cfg` with trainer.steps = ceil(epochs x num_prompts / prompts per step) when
     trainer.epochs > 0 (as TRL's num_train_epochs counts steps over the prompt dataset); the
@@ -141,6 +156,7 @@ class Trainer:
         seed_everything(t.seed)
         self.policy, self.rollout, self.critic = (self.workers.policy, self.workers.rollout,
                                                   self.workers.critic)
+        self.teacher = self.workers.teacher  # on-policy distillation (teacher.path) only
         # every prompt too long for data.max_prompt_tokens, listed now, not at step 500
         check_prompt_lengths(self.rollout, self.train_examples + self.held_out, cfg.data.max_prompt_tokens)
         sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -191,15 +207,18 @@ class Trainer:
         rollouts, times = batch.rollouts, dict(batch.seconds)
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
-        ref = kl = values = None
+        ref = kl = values = scores = None
         updates = self.critic is None or self.step_count >= self.cfg.critic.warmup_steps
         kl_in_reward = algo.beta > 0 and algo.kl_in == "reward"
         if kl_in_reward or (updates and (algo.beta > 0 or algo.log_kl)):  # the reference forward, once
             ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo)
+        if self.teacher is not None and updates:  # the teacher's forward (and the student's beside it)
+            scores = timed(times, "teacher", teacher_stage, self.teacher, self.policy, ids, loss_mask,
+                           self.cfg.teacher)
         if self.critic is not None:
             values = timed(times, "values", self.critic.values, *ids)  # the critic's forward
         advantages, critic_batch, metrics = timed(times, "advantage", estimate_advantages,
-                                                  batch, kl, values, loss_mask, algo)
+                                                  batch, kl, values, loss_mask, algo, scores)
         if critic_batch is not None:
             metrics.update(timed(times, "critic", self.critic.train_step, critic_batch))
         if updates:
