@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import string
 
 from reasonrl.config.schema import (
     AlgoConfig,
@@ -20,11 +21,19 @@ from reasonrl.config.schema import (
     CriticConfig,
     EnvConfig,
     PolicyPlacement,
+    RewardModelConfig,
     TeacherConfig,
     WorkerPlacement,
 )
 from reasonrl.errors import ConfigError
-from reasonrl.registry import ADVANTAGES, DATA_TASKS, ENGINES, IMPORTANCE_CORRECTIONS, needs_critic
+from reasonrl.registry import (
+    ADVANTAGES,
+    DATA_TASKS,
+    ENGINES,
+    IMPORTANCE_CORRECTIONS,
+    REWARD_COMPONENTS,
+    needs_critic,
+)
 
 
 def need(ok: bool, msg: str) -> None:
@@ -118,6 +127,39 @@ def reward_rules(cfg: Config) -> None:
          "data.piecewise.train_variants=0 and data.piecewise.val_variants=0")
     need(not rw.fn or (":" in rw.fn and all(rw.fn.rpartition(":")[::2])),
          f"reward.fn: expected module:function or path/file.py:function, got {rw.fn!r}")
+    reward_model_rules(cfg)
+
+
+def reward_model_rules(cfg: Config) -> None:
+    """reward.model: set only when reward.weights names the one component it scores (`judge` or
+    `classifier`); a template with known fields; two distinct verdicts; Ray resources in ray."""
+    rw, m, default = cfg.reward, cfg.reward.model, RewardModelConfig()
+    models = [k for k in rw.weights if REWARD_COMPONENTS[k].info.get("model")]
+    if not models:
+        changed = [f"reward.model.{f.name}" for f in dataclasses.fields(m)
+                   if getattr(m, f.name) != getattr(default, f.name)]
+        need(not changed, f"{', '.join(changed)}: set, but reward.weights names neither `judge` nor "
+             "`classifier`, the components reward.model scores; add one (docs/judges.md), or remove them")
+        return
+    need(len(models) == 1, f"reward.weights: {' and '.join(models)} are both scored by reward.model, one "
+         "model; keep one")
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(m.template) if name is not None}
+    except ValueError as err:
+        raise ConfigError(f"reward.model.template: {err} (a literal brace is written {{{{ or }}}})") from None
+    unknown = sorted(fields - {"question", "completion", "ground_truth"})
+    need(not unknown, f"reward.model.template: unknown field(s) {unknown}; it may use {{question}}, "
+         "{completion} and {ground_truth}")
+    need(len(m.verdicts) == 2 and all(v.strip() for v in m.verdicts) and m.verdicts[0] != m.verdicts[1],
+         f"reward.model.verdicts: two different words are needed, for yes and for no, got {m.verdicts}")
+    need(m.placement != "ray" or cfg.placement.mode == "ray",
+         "reward.model.placement=ray: a Ray actor needs placement.mode=ray; use "
+         "reward.model.placement=process")
+    need(m.placement == "ray" or (m.num_cpus, m.num_gpus) == (default.num_cpus, default.num_gpus),
+         "reward.model.num_cpus / num_gpus: the Ray actor's resources, only with reward.model.placement=ray")
+    need(m.placement == "process" or m.device == "auto",
+         "reward.model.device: only with reward.model.placement=process (a Ray actor's is its num_gpus)")
+    check_device(m.device)
 
 
 def algo_rules(cfg: Config) -> None:

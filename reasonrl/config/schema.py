@@ -29,6 +29,7 @@ from reasonrl.registry import (
     POLICY_LOSSES,
     RATIO_LEVELS,
     REWARD_COMPONENTS,
+    REWARD_MODEL_HOSTS,
     TOOLS,
     VALUE_LOSSES,
     VERIFIERS,
@@ -206,6 +207,42 @@ class EnvConfig:
     sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
 
 
+# reward.model.template's default: a reference-guided Yes/No question (docs/judges.md)
+DEFAULT_JUDGE_TEMPLATE = (
+    "Question: {question}\n\nReference answer: {ground_truth}\n\nResponse: {completion}\n\n"
+    "Is the response's final answer equal to the reference answer? Answer Yes or No."
+)
+
+
+@dataclass
+class RewardModelConfig:
+    """The model behind the `judge` and `classifier` components of reward.weights (docs/judges.md):
+    judge = a causal LM asked `template`, its answer parsed to a score; classifier = a
+    sequence-classification reward model scoring prompt + completion in its chat template."""
+
+    # any model.path form: "" = the embedded SmolLM2-135M-Instruct, tiny, a folder, a Hub id, a checkpoint
+    path: str = ""
+    revision: str = ""
+    # judge: its user message; {question}, {completion} and {ground_truth} are filled in
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    # judge: verdict = P(yes) / (P(yes) + P(no)) of its first answer token (one forward); number = the
+    # first number of a greedy answer of max_new_tokens tokens, divided by max_score
+    parse: Literal["verdict", "number"] = "verdict"
+    verdicts: list[str] = param(["Yes", "No"])  # parse=verdict: the yes and the no word (quoted in YAML)
+    max_new_tokens: int = param(8, ge=1)
+    max_score: float = param(10.0, gt=0)
+    batch_size: int = param(8, ge=1)  # completions per forward (and per call of the reward-model worker)
+    timeout: float = param(120.0, gt=0)  # seconds per batch; a batch past it scores 0 and is counted
+    load_timeout: float = param(600.0, gt=0)  # seconds to load the model in its worker
+    precision: Literal["fp32", "bf16"] = "fp32"  # it only scores: bf16 where the run computes in bf16
+    device: str = "auto"  # process: auto = cuda when torch sees a GPU, else cpu (ray: its num_gpus)
+    # where it runs (REWARD_MODEL_HOSTS): process = a reward-model worker process beside this one;
+    # ray = a Ray actor with num_cpus / num_gpus (placement.mode=ray)
+    placement: str = param("process", choices=REWARD_MODEL_HOSTS)
+    num_cpus: float = param(1.0, ge=0)
+    num_gpus: float = param(0.0, ge=0)
+
+
 @dataclass
 class RewardConfig:
     # weighted sum of named components (the REWARD_COMPONENTS registry, reasonrl.rewards.components)
@@ -242,6 +279,7 @@ class RewardConfig:
     # the sum to count (gdpo: for any component to count)
     combine: Literal["sum", "all", "gdpo"] = "sum"
     gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component")
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)  # the judge / classifier
 
 
 @dataclass

@@ -40,6 +40,9 @@ class Call:
     extra_info: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
     batch: dict | None = None
+    # keyword arguments of the target's `warmup` (reward.model: the model to load), called when a
+    # worker loads the target, within the pool's load timeout, not the call's
+    warmup: dict | None = None
 
 
 @dataclass
@@ -66,8 +69,9 @@ def _child_env() -> dict[str, str]:
 
 
 class _Worker:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "reasonrl.rewards.worker"],
+    def __init__(self, memory_limit: bool = True) -> None:
+        flags = [] if memory_limit else ["--no-memory-limit"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "reasonrl.rewards.worker", *flags],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env())
         self.fd = self.proc.stdout.fileno()
         os.set_blocking(self.fd, False)
@@ -120,11 +124,33 @@ class _Worker:
                 pass
 
 
+def request_of(call: Call, timeout: float) -> dict:
+    """The worker's request for `call` (`reasonrl.rewards.worker`), its soft timer at `timeout`."""
+    message = {"target": call.target, "completion": call.completion, "ground_truth": call.ground_truth,
+               "extra_info": call.extra_info, "options": call.options, "timeout": timeout}
+    if call.batch is not None:
+        message["batch"] = call.batch
+    return message
+
+
+def load_request(target: str, warmup: dict | None) -> dict:
+    """The worker's request to import `target` (and run its warmup, with `warmup` if given)."""
+    message = {"load": target, "sys_path": [p or os.getcwd() for p in sys.path]}
+    if warmup is not None:
+        message["warmup"] = warmup
+    return message
+
+
 def _outcome(line: bytes) -> Outcome:
     try:
         reply = json.loads(line)
     except ValueError:
         return Outcome(error=f"worker sent an unreadable reply: {line[:200]!r}")
+    return outcome_of(reply)
+
+
+def outcome_of(reply: dict) -> Outcome:
+    """A worker's reply as an Outcome."""
     if reply.get("timeout"):
         return Outcome(timed_out=True)
     if "ground_truth_error" in reply:
@@ -135,10 +161,14 @@ def _outcome(line: bytes) -> Outcome:
 
 
 class WorkerPool:
-    """Up to `size` worker processes, started on first use and restarted after a kill."""
+    """Up to `size` worker processes, started on first use and restarted after a kill.
+    `memory_limit`: the workers' address space is capped (`worker.MEMORY_LIMIT`; off for a model's
+    worker, whose weights and CUDA mappings need more); `load_timeout`: seconds to import a target
+    and run its warmup."""
 
-    def __init__(self, size: int = 2):
+    def __init__(self, size: int = 2, memory_limit: bool = True, load_timeout: float = LOAD_TIMEOUT):
         self.size = max(1, size)
+        self.memory_limit, self.load_timeout = memory_limit, load_timeout
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self.killed = 0  # workers killed at their deadline (for tests and curiosity)
@@ -148,15 +178,32 @@ class WorkerPool:
         with self._lock:
             return self._run(calls, timeout)
 
-    def _load(self, worker: _Worker, target: str) -> str | None:
-        """Import `target` in the worker; the error text if that fails."""
-        if target in worker.loaded:
+    def load(self, target: str, warmup: dict | None = None) -> str | None:
+        """Load `target` (with its `warmup`) in a worker now, kept for the calls to come; the
+        error text if that fails."""
+        with self._lock:
+            worker = self._idle.pop() if self._idle else _Worker(self.memory_limit)
+            try:
+                error = self._load(worker, target, warmup)
+            except OSError as err:  # a broken pipe: the worker is gone
+                error = f"reward worker failed: {err}"
+            if error is None:
+                self._idle.append(worker)
+            else:
+                self._retire(worker)
+            return error
+
+    def _load(self, worker: _Worker, target: str, warmup: dict | None = None) -> str | None:
+        """Import `target` in the worker (and run its warmup); the error text if that fails."""
+        key = target if warmup is None else f"{target} {json.dumps(warmup, sort_keys=True)}"
+        if key in worker.loaded:
             return None
-        worker.send({"load": target, "sys_path": [p or os.getcwd() for p in sys.path]})
-        line = worker.wait_line(time.monotonic() + LOAD_TIMEOUT)
-        outcome = _outcome(line) if line is not None else Outcome(error=f"worker did not load {target}")
+        worker.send(load_request(target, warmup))
+        line = worker.wait_line(time.monotonic() + self.load_timeout)
+        outcome = (_outcome(line) if line is not None else
+                   Outcome(error=f"worker did not load {target} within {self.load_timeout:g} s"))
         if outcome.error is None:
-            worker.loaded.add(target)
+            worker.loaded.add(key)
         return outcome.error
 
     def _run(self, calls: list[Call], timeout: float) -> list[Outcome]:
@@ -197,15 +244,12 @@ class WorkerPool:
 
     def _start(self, call: Call, timeout: float) -> tuple[_Worker | None, str | None]:
         """Hand `call` to an idle (or new) worker; a worker that died while idle is replaced once."""
-        message = {"target": call.target, "completion": call.completion, "ground_truth": call.ground_truth,
-                   "extra_info": call.extra_info, "options": call.options, "timeout": timeout}
-        if call.batch is not None:
-            message["batch"] = call.batch
+        message = request_of(call, timeout)
         error = None
         for _ in range(2):
-            worker = self._idle.pop() if self._idle else _Worker()
+            worker = self._idle.pop() if self._idle else _Worker(self.memory_limit)
             try:
-                error = self._load(worker, call.target)
+                error = self._load(worker, call.target, call.warmup)
                 if error is None:
                     worker.send(message)
                     return worker, None

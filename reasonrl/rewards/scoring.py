@@ -32,6 +32,7 @@ from reasonrl.batch import Scores
 from reasonrl.errors import GroundTruthError
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rewards.failures import describe_exception, describe_verifier
+from reasonrl.rewards.model_reward import is_model_component, score_with_model
 from reasonrl.rewards.pool import Call, Outcome, get_pool
 from reasonrl.rewards.verifiers import Verifier, as_score, task_verifier, verifier_for
 
@@ -173,7 +174,8 @@ def _read(out: Outcome, verifier: Verifier, rows: int) -> tuple[float, dict[str,
 def score(completions: list[str], ground_truths: list[str], weights: dict[str, float],
           fallback_last_number: bool = True, *, verifiers: list[Verifier] | None = None,
           extra_infos: list[dict] | None = None, groups: list[int] | None = None,
-          gate: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64) -> Scores:
+          gate: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
+          prompts: list | None = None, model=None) -> Scores:
     """total[i] = sum_k weights[k] * component_k(completions[i], ground_truths[i])
                   * prod_{g in gate} [component_g(completions[i], ground_truths[i]) > 0].
 
@@ -187,7 +189,10 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
     for that sample and is counted in `errors`, one that runs past its timeout scores 0 and is
     counted in `timeouts`; `failures[i]` names the verifier of a row that failed and why. A bad
     ground truth raises `BadGroundTruth` (a GroundTruthError): that is a data bug. Sums are
-    taken in Python floats; the tensors have `dtype`.
+    taken in Python floats; the tensors have `dtype`. `judge` and `classifier` are reward.model
+    (`model`, a RewardModelConfig) reading `prompts[i]` and the completion in its own worker
+    (`model_reward.score_with_model`), after the other components: a row that another gate
+    component already zeroes is not sent to it (it scores 0 there, not counted as a failure).
     """
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
@@ -203,6 +208,8 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
     failures: list[str | None] = [None] * n
     timed_out, parts = [False] * n, [{} for _ in range(n)]
     for name, weight in weights.items():
+        if is_model_component(name):
+            continue  # below, on the rows the other gate components leave
         if name == "correct":
             numeric = task_verifier("numeric", {"fallback_last_number": fallback_last_number})
             verifiers = verifiers or [numeric] * n
@@ -229,6 +236,17 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
         for i, s in enumerate(scores):
             total[i] += weight * s
         components[name] = scores
+    for name in [k for k in weights if is_model_component(k)]:
+        passed = [i for i in range(n) if all(components[g][i] > 0 for g in gate if g in components)]
+        scores, why, late = score_with_model(name, model, prompts or [""] * n, completions, ground_truths,
+                                             passed)
+        for i, s in enumerate(scores):
+            total[i] += weights[name] * s
+            if why[i] is not None:
+                errors, timed_out[i] = errors + (not late[i]), timed_out[i] or late[i]
+                failures[i] = failures[i] or why[i]
+        components[name] = scores
+    components = {k: components[k] for k in weights}  # in the order of the weights
     for g in gate:
         for i, s in enumerate(components[g]):
             if s <= 0:
@@ -272,7 +290,7 @@ def score_examples(completions: list[str], examples: list, cfg, always_correct: 
     try:
         return score(completions, [e.ground_truth for e in examples], weights, cfg.fallback_last_number,
                      verifiers=verifiers, extra_infos=[e.meta for e in examples], groups=groups,
-                     gate=gate_of(cfg), dtype=dtype)
+                     gate=gate_of(cfg), dtype=dtype, prompts=[e.prompt for e in examples], model=cfg.model)
     except BadGroundTruth as err:
         if err.row is None:  # raised by reward.batch_fn: no one record to name
             raise GroundTruthError(f"reward.batch_fn {cfg.batch_fn}: {err}") from None

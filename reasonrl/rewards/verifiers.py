@@ -42,6 +42,7 @@ from typing import Any
 
 from reasonrl.errors import ConfigError, GroundTruthError
 from reasonrl.registry import VERIFIERS
+from reasonrl.rewards.model_reward import check_reward_model
 from reasonrl.rewards.pool import Call, get_pool
 
 # The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
@@ -187,8 +188,10 @@ def check_examples(examples: list, cfg) -> None:
     reward worker pool for isolated verifiers (math: math-verify must read it as more than its
     own text), each distinct ground truth once, within `reward.timeout`. `reward.fn` and
     `reward.batch_fn` are imported and their signatures checked. Raises GroundTruthError naming
-    file:line, or ConfigError for reward.fn / reward.batch_fn.
+    file:line, or ConfigError for reward.fn / reward.batch_fn. reward.model, when reward.weights
+    names it, loads now (`model_reward.check_reward_model`): ModelLoadError if it cannot.
     """
+    check_reward_model(cfg)
     for key, target, check in (("reward.fn", cfg.fn, check_signature),
                                ("reward.batch_fn", cfg.batch_fn, check_batch_signature)):
         if target:

@@ -1,13 +1,15 @@
 """A reward worker process: `python -m reasonrl.rewards.worker` (started by `pool.WorkerPool`).
 
 Reads one JSON request per line on stdin, answers one JSON line on its own copy of stdout:
-  {"load": "module:fn"}                                  -> {"value": null} or {"error": "..."}
+  {"load": "module:fn"[, "warmup": {...}]}               -> {"value": null} or {"error": "..."}
+      (fn.warmup(**warmup) runs if fn has one: reward.model's function loads its model there)
   {"target", "completion", "ground_truth", "extra_info", "options", "timeout"}
                                                          -> {"value": ...} | {"timeout": true}
                                                             | {"error": "..."} | {"ground_truth_error": "..."}
   the same with "batch": {"completions", "ground_truths", "groups", "extra_infos"}: one call
   fn(completions, ground_truths, groups, extra_infos, **options) -> {"value": [...]} | ...
-Anything the reward function prints goes to stderr, so it cannot corrupt the replies.
+Anything the reward function prints goes to stderr, so it cannot corrupt the replies. Its address
+space is capped at MEMORY_LIMIT, unless started with --no-memory-limit (a model's worker).
 """
 
 from __future__ import annotations
@@ -49,57 +51,72 @@ def _answer(out, reply: dict) -> None:
     out.flush()
 
 
+def load_reply(request: dict) -> dict:
+    """The reply to {"load": target}: import it (the parent's sys.path added) and run its
+    `warmup`, with the request's "warmup" keywords if it has them."""
+    from reasonrl.rewards.verifiers import load_target
+
+    for entry in request.get("sys_path", []):  # the parent's, as it is now
+        if entry not in sys.path:
+            sys.path.append(entry)
+    try:
+        warmup = getattr(load_target(request["load"]), "warmup", None)
+        if warmup is not None:
+            warmup(**request.get("warmup") or {})
+        return {"value": None}
+    except Exception as err:
+        return {"error": f"cannot load {request['load']}: {type(err).__name__}: {err}"}
+
+
+def call_reply(request: dict, timer: bool = True) -> dict:
+    """The reply to one call: its value, or what went wrong. `timer`: interrupt it at its
+    "timeout" by SIGALRM (the main thread of a worker process only; a Ray actor's caller kills
+    the actor at its deadline instead)."""
+    from reasonrl.errors import GroundTruthError
+    from reasonrl.rewards.verifiers import load_target
+
+    fn = load_target(request["target"])
+    try:
+        try:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
+            if "batch" in request:
+                b = request["batch"]
+                value = fn(b["completions"], b["ground_truths"], b["groups"], b["extra_infos"],
+                           **request["options"])
+            else:
+                value = fn(request["completion"], request["ground_truth"], request["extra_info"],
+                           **request["options"])
+        finally:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        return {"value": _jsonable(value)}
+    except _SoftTimeout:
+        return {"timeout": True}
+    except GroundTruthError as err:
+        return {"ground_truth_error": str(err)}
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"[:2000]}
+
+
 def main() -> None:
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the function's prints go to stderr
-    try:
-        import resource
+    if "--no-memory-limit" not in sys.argv[1:]:  # a model's worker (reward.model) goes without
+        try:
+            import resource
 
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    except (ImportError, ValueError, OSError):
-        pass
+            resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+        except (ImportError, ValueError, OSError):
+            pass
     signal.signal(signal.SIGALRM, _on_alarm)
     # Ctrl-C in a terminal reaches the whole process group: the trainer finishes its step
     # (scoring included) and saves, so the worker must not die of it. It exits on stdin EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from reasonrl.errors import GroundTruthError
-    from reasonrl.rewards.verifiers import load_target
-
     for line in sys.stdin:
         request = json.loads(line)
-        if "load" in request:
-            for entry in request.get("sys_path", []):  # the parent's, as it is now
-                if entry not in sys.path:
-                    sys.path.append(entry)
-            try:
-                warmup = getattr(load_target(request["load"]), "warmup", None)
-                if warmup is not None:
-                    warmup()
-                _answer(out, {"value": None})
-            except Exception as err:
-                _answer(out, {"error": f"cannot load {request['load']}: {type(err).__name__}: {err}"})
-            continue
-        fn = load_target(request["target"])
-        try:
-            try:
-                signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
-                if "batch" in request:
-                    b = request["batch"]
-                    value = fn(b["completions"], b["ground_truths"], b["groups"], b["extra_infos"],
-                               **request["options"])
-                else:
-                    value = fn(request["completion"], request["ground_truth"], request["extra_info"],
-                               **request["options"])
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            reply = {"value": _jsonable(value)}
-        except _SoftTimeout:
-            reply = {"timeout": True}
-        except GroundTruthError as err:
-            reply = {"ground_truth_error": str(err)}
-        except Exception as err:
-            reply = {"error": f"{type(err).__name__}: {err}"[:2000]}
-        _answer(out, reply)  # NaN and inf go as JSON NaN / Infinity: the trainer refuses them (scoring.py)
+        # NaN and inf go as JSON NaN / Infinity: the trainer refuses them (scoring.py)
+        _answer(out, load_reply(request) if "load" in request else call_reply(request))
 
 
 if __name__ == "__main__":

@@ -351,7 +351,8 @@ def test_gate_makes_the_sum_all_or_nothing() -> None:
 
 def test_reward_components_and_make_reward_fn() -> None:
     assert set(REWARD_COMPONENTS.names()) == {"correct", "format", "format_paired", "format_r1_zero",
-                                              "format_trl_grpo", "boxed", "answer_present"}
+                                              "format_trl_grpo", "boxed", "answer_present", "judge",
+                                              "classifier"}
     assert make_reward_fn("correct")("so 18", "18") == 1.0
     assert make_reward_fn("correct", fallback_last_number=False)("so 18", "18") == 0.0
     assert make_reward_fn("format")("<think>a</think><answer>5</answer>", "ignored") == 0.5

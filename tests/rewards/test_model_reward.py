@@ -1,0 +1,307 @@
+"""Rewards from models (reward.model: the `judge` and `classifier` components): the verdict
+probability and the number parse by hand, a hand-built classifier and judge scored through the
+real reward-model worker, batches equal to one row at a time, and a judge that returns garbage,
+raises or hangs: counted, timed out, never a crash."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reasonrl.batch import Example
+from reasonrl.config import load_config
+from reasonrl.config.schema import RewardModelConfig
+from reasonrl.errors import ConfigError, ModelLoadError
+from reasonrl.rewards import check_examples, model_reward, score, score_examples
+from reasonrl.rewards.judging import (
+    chat_of,
+    classifier_scores,
+    classifier_text,
+    first_token_ids,
+    judge_text,
+    number_score,
+    question_of,
+    verdict_probability,
+    verdict_scores,
+)
+
+SCRIPTED = str(Path(__file__).parents[1] / "fixtures" / "scripted_judge.py") + ":judge"
+PROMPTS = ["What is 2 + 3?",
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 4 + 4?"}],
+           "What is 10 - 7?", "What is 6 + 6?", "What is 1 + 1?", "What is 9 - 9?"]
+COMPLETIONS = ["The answer is 5.", "8", "It is 3, since ten minus seven is three.", "The answer is 13.", "2",
+               "zero"]
+TRUTHS = ["5", "8", "3", "12", "2", "0"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_hosts():
+    """Each test starts and ends with no reward-model host (their worker processes stopped)."""
+    model_reward.close_hosts()
+    yield
+    model_reward.close_hosts()
+
+
+def spec(**values) -> RewardModelConfig:
+    return dataclasses.replace(RewardModelConfig(), **values)
+
+
+# ---- the formulas, by hand ----------------------------------------------------------------------
+
+def test_verdict_probability_by_hand():
+    """s = P(yes) / (P(yes) + P(no)), P summed over each verdict's tokens. Row 0: P(yes) : P(no)
+    = e^0 : e^(ln 3) = 1 : 3 -> 0.25 (other tokens' mass does not matter). Row 1: yes over
+    tokens 0 and 2: (2 + 2) : 1 -> 0.8. Row 2: neither verdict has probability -> NaN."""
+    inf = float("inf")
+    logits = torch.tensor([[0.0, math.log(3), 5.0, 7.0],
+                           [math.log(2), 0.0, math.log(2), 9.0],
+                           [-inf, -inf, -inf, 0.0]])
+    assert verdict_probability(logits[:1], [0], [1]).tolist() == pytest.approx([0.25])
+    assert verdict_probability(logits[1:2], [0, 2], [1]).tolist() == pytest.approx([0.8])
+    assert math.isnan(verdict_probability(logits[2:], [0], [1]).item())
+    assert verdict_probability(logits.to(torch.bfloat16)[:1], [0], [1]).dtype == torch.float32  # read in fp32
+
+
+def test_number_score_reads_the_first_number_within_range():
+    assert number_score("Score: 7 out of 10", 10) == 0.7
+    assert number_score("7.5", 10) == 0.75
+    assert number_score("0", 10) == 0.0
+    for text, why in (("I cannot say", "no number"), ("12", "outside 0..10"), ("-1", "outside 0..10")):
+        assert why in number_score(text, 10)
+
+
+def test_the_texts_a_classifier_and_a_judge_read(tokenizer):
+    assert chat_of("Q?") == [{"role": "user", "content": "Q?"}]
+    assert question_of(PROMPTS[1]) == "What is 4 + 4?"  # the last user message, not the system prompt
+    chat = [*PROMPTS[1], {"role": "assistant", "content": "8"}]
+    assert classifier_text(tokenizer, PROMPTS[1], "8") == tokenizer.apply_chat_template(chat, tokenize=False)
+    text = judge_text(tokenizer, "Q: {question} A: {completion} T: {ground_truth}", PROMPTS[0], "5.", "5")
+    message = [{"role": "user", "content": "Q: What is 2 + 3? A: 5. T: 5"}]
+    assert text == tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    assert classifier_text(plain, "Q?", "A.") == "Q?\n\nA."
+    assert judge_text(plain, "{question}|{completion}", "Q?", "A.", "1") == "Q?|A.\n"
+    assert first_token_ids(tokenizer, "Yes") == [tokenizer.encode("Yes")[0], tokenizer.encode(" Yes")[0]]
+
+
+# ---- hand-built models through the real worker --------------------------------------------------
+
+def _zeroed(model):
+    """Every decoder layer adds nothing to the residual stream (attention and MLP outputs 0):
+    the last position's hidden state is the final RMSNorm of its own token's embedding."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+    return model
+
+
+def _config(tokenizer, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=512,
+                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
+
+
+def rms(x: list[float], eps: float) -> float:
+    return math.sqrt(sum(v * v for v in x) / len(x) + eps)
+
+
+def test_a_hand_built_classifier_scores_as_computed_by_hand(tokenizer, tmp_path):
+    """A one-label classifier whose score is w . RMSNorm(E[last token]): rows ending in token a
+    (E = 3 e0) score 3 / rms, token b (E = -2 e0 + e1) (-2 + 0.5) / rms, any other token 0; the
+    worker reads prompt + completion (no chat template: joined by a blank line), one batch of 3."""
+    from transformers import LlamaForSequenceClassification
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    config = _config(plain, num_labels=1)
+    model = _zeroed(LlamaForSequenceClassification(config))
+    completions = ["so it is yes", "so it is no", "hmm"]
+    last = [plain.encode(classifier_text(plain, PROMPTS[0], c))[-1] for c in completions]
+    assert len(set(last)) == 3
+    a, b = [0.0] * 32, [0.0] * 32
+    a[0], b[0], b[1] = 3.0, -2.0, 1.0
+    with torch.no_grad():
+        model.model.embed_tokens.weight[last[0]] = torch.tensor(a)
+        model.model.embed_tokens.weight[last[1]] = torch.tensor(b)
+        model.score.weight.zero_()
+        model.score.weight[0, 0], model.score.weight[0, 1] = 1.0, 0.5
+    model.save_pretrained(tmp_path / "rm")
+    plain.save_pretrained(tmp_path / "rm")
+    eps = config.rms_norm_eps
+    expected = [3.0 / rms(a, eps), (-2.0 + 0.5) / rms(b, eps), 0.0]
+    scores, failures, timed_out = model_reward.score_with_model(
+        "classifier", spec(path=str(tmp_path / "rm"), batch_size=3), [PROMPTS[0]] * 3, completions, ["5"] * 3,
+        [0, 1, 2])
+    assert scores == pytest.approx(expected, rel=1e-5) and failures == [None] * 3 and timed_out == [False] * 3
+
+
+def test_a_hand_built_judge_gives_its_verdict_probability(tokenizer, tmp_path):
+    """A causal LM whose next-token logits after any judge text are l(Yes) = 2 s, l(No) = -1 s,
+    every other token 0, with s = 1 / rms(e0): P = (e^(2s) + e^0) / (e^(2s) + 1 + e^(-s) + 1),
+    " Yes" and " No" (logit 0) counted with their verdicts; combined with `correct` by weights."""
+    from transformers import LlamaForCausalLM
+
+    config = _config(tokenizer, tie_word_embeddings=False)
+    model = _zeroed(LlamaForCausalLM(config))
+    newline = tokenizer.encode(judge_text(tokenizer, RewardModelConfig().template, PROMPTS[0], "5", "5"))[-1]
+    with torch.no_grad():
+        model.model.embed_tokens.weight[newline, 0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.encode("Yes")[0], 0] = 2.0
+        model.lm_head.weight[tokenizer.encode("No")[0], 0] = -1.0
+    model.save_pretrained(tmp_path / "judge")
+    tokenizer.save_pretrained(tmp_path / "judge")
+    s = 1.0 / rms([1.0] + [0.0] * 31, config.rms_norm_eps)
+    p = (math.exp(2 * s) + 1) / (math.exp(2 * s) + 1 + math.exp(-s) + 1)
+    result = score(COMPLETIONS[:3], TRUTHS[:3], {"correct": 1.0, "judge": 0.5}, prompts=PROMPTS[:3],
+                   model=spec(path=str(tmp_path / "judge")))
+    assert result.components["judge"].tolist() == pytest.approx([p] * 3, rel=1e-5)
+    assert result.total.tolist() == pytest.approx([1 + 0.5 * p] * 3, rel=1e-5)
+    assert result.errors == 0 and list(result.components) == ["correct", "judge"]
+
+
+def test_batches_score_as_one_row_at_a_time(tiny, tmp_path):
+    """Left-padded judge batches and right-padded classifier batches of rows of different lengths
+    give each row's score alone, in this process and through the worker (float rounding of
+    matrix products of other shapes: 1e-5)."""
+    from transformers import LlamaForSequenceClassification
+
+    model, tokenizer = tiny
+    texts = [judge_text(tokenizer, RewardModelConfig().template, p, c, t)
+             for p, c, t in zip(PROMPTS, COMPLETIONS, TRUTHS, strict=True)]
+    assert len({len(tokenizer.encode(t)) for t in texts}) > 3
+    batched = verdict_scores(model, tokenizer, texts, "Yes", "No", batch_size=6)
+    assert batched == pytest.approx([verdict_scores(model, tokenizer, [t], "Yes", "No", 1)[0] for t in texts],
+                                    abs=1e-5)
+    assert len({round(v, 6) for v in batched}) == 6  # six rows, six scores: the padding is not what is read
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        config = copy.deepcopy(model.config)
+        config.num_labels = 1
+        rm = LlamaForSequenceClassification(config).eval()
+    texts = [classifier_text(tokenizer, p, c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    batched = classifier_scores(rm, tokenizer, texts, batch_size=6)
+    assert batched == pytest.approx([classifier_scores(rm, tokenizer, [t], 1)[0] for t in texts], abs=1e-5)
+    assert len({round(v, 6) for v in batched}) == 6
+    for kind in ("judge", "classifier"):  # the worker: batch_size 6 against 1
+        one = model_reward.score_with_model(kind, spec(path="tiny", batch_size=1), PROMPTS, COMPLETIONS,
+                                            TRUTHS, list(range(6)))[0]
+        six = model_reward.score_with_model(kind, spec(path="tiny", batch_size=6), PROMPTS, COMPLETIONS,
+                                            TRUTHS, list(range(6)))[0]
+        assert six == pytest.approx(one, abs=1e-5) and len(set(six)) == 6, kind
+
+
+# ---- failures: garbage, raise, hang --------------------------------------------------------------
+
+def test_a_judge_whose_answers_are_garbage_is_counted_not_fatal():
+    """The tiny random judge asked for a number answers none: every row scores 0, each counted in
+    `errors` with the judge's text; `correct` is unaffected."""
+    result = score(COMPLETIONS[:4], TRUTHS[:4], {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS[:4],
+                   model=spec(path="tiny", parse="number", max_new_tokens=4))
+    assert result.components["judge"].tolist() == [0.0] * 4
+    assert result.total.tolist() == [1.0, 1.0, 1.0, 0.0] and result.errors == 4 and result.timeouts == 0
+    assert all(f.startswith("the judge (reward.model.path=tiny): ValueError: no number in the judge's answer")
+               for f in result.failures)
+
+
+@pytest.fixture
+def scripted(monkeypatch, tmp_path):
+    """reward.model's worker runs tests/fixtures/scripted_judge.py:judge; returns the log of
+    the completions of each call it got."""
+    log = tmp_path / "calls.log"
+    log.touch()
+    monkeypatch.setenv("SCRIPTED_JUDGE_LOG", str(log))
+    monkeypatch.setattr(model_reward, "_target", lambda kind: SCRIPTED)
+    return lambda: [line.split("|") for line in log.read_text().splitlines()]
+
+
+def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted):
+    completions = ["5", "RAISE 8", "x", "GARBAGE 12", "2", "0"]
+    result = score(completions, TRUTHS, {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS,
+                   model=spec(path="scripted", batch_size=2))
+    # batches [0, 1] (raises: both rows fail), [2, 3] (row 3 unreadable), [4, 5]
+    assert result.components["judge"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.75, 0.75]
+    assert result.components["correct"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert result.errors == 3 and result.timeouts == 0
+    raised = "the judge (reward.model.path=scripted): RuntimeError: the judge exploded"
+    assert result.failures[0] == result.failures[1] == raised
+    assert result.failures[3] == ("the judge (reward.model.path=scripted): ValueError: no number in the "
+                                  "judge's answer 'I cannot say'")
+    assert [result.failures[i] for i in (2, 4, 5)] == [None] * 3
+    assert len(scripted()) == 3
+
+
+def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted):
+    """The hung batch (SIGALRM blocked: only the kill at 1.2 x 1 + 0.5 s ends it) times out on
+    its rows; the next batch goes to a fresh worker and scores."""
+    cfg = spec(path="scripted", batch_size=1, timeout=1.0)
+    result = score(["5", "HANG", "2"], ["5", "8", "2"], {"judge": 1.0}, prompts=PROMPTS[:3], model=cfg)
+    assert result.components["judge"].tolist() == [0.75, 0.0, 0.75]
+    assert result.timeouts == 1 and result.errors == 0 and result.timed_out == [False, True, False]
+    assert result.failures[1] == ("the judge (reward.model.path=scripted): timed out (reward.model.timeout: "
+                                  "1 s per batch of 1)")
+    host = model_reward.host_for(model_reward.spec_of("judge", cfg))
+    assert host.killed == 1 and [c[0] for c in scripted()] == ["5", "HANG", "2"]
+
+
+def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted):
+    completions = ["<think>a</think><answer>5</answer>", "5", "<think>b</think><answer>7</answer>"]
+    result = score(completions, ["5", "5", "7"], {"format": 0.0, "judge": 1.0}, gate=["format"],
+                   prompts=PROMPTS[:3], model=spec(path="scripted"))
+    assert result.components["judge"].tolist() == [0.75, 0.0, 0.75] and result.errors == 0
+    assert scripted() == [[completions[0], completions[2]]]
+
+
+# ---- start-up: loading and the config ------------------------------------------------------------
+
+def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path):
+    examples = [Example("What is 2 + 3?", "5", "arithmetic")]
+    cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
+                                             f"reward.model.path={tmp_path}/none"])
+    with pytest.raises(ModelLoadError, match=rf"^reward.model.path={tmp_path}/none: no such folder"):
+        check_examples(examples, cfg.reward)
+    model, tokenizer = tiny
+    copy.deepcopy(model).save_pretrained(tmp_path / "lm")  # a causal LM, no classification head
+    tokenizer.save_pretrained(tmp_path / "lm")
+    cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, classifier: 0.5}",
+                                             f"reward.model.path={tmp_path}/lm"])
+    with pytest.raises(ModelLoadError, match="no trained classification head"):
+        check_examples(examples, cfg.reward)
+    ok = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
+                                            "reward.model.path=tiny"])
+    check_examples(examples, ok.reward)  # loads the tiny judge in its worker
+    assert score_examples(["5"], examples, ok.reward).components["judge"].numel() == 1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["reward.weights={correct: 1.0, judge: 1.0, classifier: 1.0}"], "judge and classifier are both scored"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.template='{question} {answer}'"],
+     "reward.model.template: unknown field(s) ['answer']"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.template='{question'"],
+     "reward.model.template: "),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.verdicts=[Sure, Sure]"],
+     "reward.model.verdicts: two different words"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.verdicts=[Yes, No]"],
+     "reward.model.verdicts[0]: expected a string, got True"),  # YAML reads unquoted Yes / No as booleans
+    (["reward.model.path=tiny"], "reward.model.path: set, but reward.weights names neither"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.placement=ray"],
+     "reward.model.placement=ray: a Ray actor needs placement.mode=ray"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.num_gpus=1"],
+     "reward.model.num_cpus / num_gpus"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.placement=actor"],
+     "reward.model.placement"),
+])
+def test_bad_reward_model_settings_fail_at_load(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/smoke.yaml", overrides)
+    assert message in str(err.value)
