@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reasonrl.config import Config, EvalConfig, load_config
+from reasonrl.config import Config, EvalConfig, TeacherConfig, WorkerPlacement, load_config
 from reasonrl.errors import ConfigError, DataError
 from reasonrl.registry import DATA_TASKS, VERIFIERS
 
@@ -170,6 +170,13 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
     return examples, what
 
 
+def _without_teacher(cfg: Config) -> Config:
+    """`cfg` without a teacher (teacher.path, placement.teacher): an evaluation samples and scores
+    the policy alone, so a distillation run's config neither loads its teacher nor needs it."""
+    return dataclasses.replace(cfg, teacher=TeacherConfig(),
+                               placement=dataclasses.replace(cfg.placement, teacher=WorkerPlacement()))
+
+
 def _eval_config(cfg: Config, s: EvalSettings) -> Config:
     """The config the workers are built from: the run's model, data and engine settings with
     the evaluation's sampling, and no reference model (nothing here needs one)."""
@@ -196,6 +203,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
     from reasonrl.rng import seed_everything
     from reasonrl.rollout import check_prompt_lengths
 
+    cfg = _without_teacher(cfg)
     preflight(cfg)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)

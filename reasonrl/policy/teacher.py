@@ -99,10 +99,10 @@ def teacher_source(path: str) -> str:
 
 
 def teacher_error(err: ModelLoadError) -> ModelLoadError:
-    """A loading error about the teacher, naming teacher.path / teacher.revision (the loader's
-    message names the student's keys, model.path / model.revision)."""
+    """A loading error about the teacher, naming teacher.path / teacher.revision and `embedded`
+    (the loader's message names the student's keys, model.path / model.revision, and "")."""
     text = str(err).replace("model.path=", "teacher.path=").replace("model.revision=", "teacher.revision=")
-    return ModelLoadError(text)
+    return ModelLoadError(text.replace("or empty for the default", f"or {EMBEDDED} for the default"))
 
 
 def teacher_model(cfg: Config, device: str = "cpu"):

@@ -127,6 +127,14 @@ def test_a_teacher_with_another_tokenizer_stops_the_command_before_any_model_loa
     assert not (tmp_path / "x").exists()
 
 
+def test_an_evaluation_of_a_distillation_config_neither_loads_nor_needs_its_teacher(tmp_path, capsys):
+    """`reasonrl eval` with a config whose teacher is gone (a moved folder): the evaluation samples
+    and scores the policy alone, so the teacher is dropped before the preflight."""
+    code = main(["eval", "--config", "configs/smoke.yaml", f"teacher.path={tmp_path / 'gone'}", "--limit",
+                 "2", "--greedy", "--no-progress", "--no-entropy"])
+    assert code == 0, capsys.readouterr().err
+
+
 def test_ray_mode_distills_as_local_mode_does(ray_session, tmp_path, teacher_dir):
     """The teacher in a Ray actor of its own (placement.teacher), the policy and the rollout in
     theirs: the same 2 steps' metrics as local mode's (rel 1e-6; measured equal)."""

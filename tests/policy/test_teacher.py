@@ -89,7 +89,8 @@ def test_teacher_path_takes_a_reasonrl_checkpoint_folder_and_names_itself_in_err
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(),
                                                  strict=True))
     assert teacher_source("embedded") == "" and teacher_source("tiny") == "tiny"
-    with pytest.raises(ModelLoadError, match=r"^teacher\.path=.*nowhere: no such folder"):
+    with pytest.raises(ModelLoadError, match=r"^teacher\.path=.*nowhere: no such folder .* or embedded "
+                                             "for the default model"):
         teacher_model(load_config(None, ["model.path=tiny", f"teacher.path={tmp_path / 'nowhere'}"]))
 
 
