@@ -87,9 +87,9 @@ def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor,
 def teacher_stage(teacher, policy, ids: tuple, loss_mask: torch.Tensor,
                   settings: TeacherConfig) -> TeacherScores:
     """The teacher's log-probs of the completions the update trains on (`loss_mask`) and the
-    student's to compare them with (the policy's now: on-policy, the version that sampled them):
-    the step's teacher forward and one forward of the policy without gradient. Other rows' are
-    empty: they get no advantage."""
+    student's to compare them with (the policy's now: on-policy, the version that sampled them;
+    with trainer.max_staleness > 0, the version the update changes): the step's teacher forward
+    and one forward of the policy without gradient. Other rows' are empty: they get no advantage."""
     rows = [i for i in range(len(ids[0])) if loss_mask[i]]
     prompts, completions = [ids[0][i] for i in rows], [ids[1][i] for i in rows]
     found = teacher.logprobs(prompts, completions), policy.logprobs(prompts, completions)
