@@ -17,12 +17,14 @@ def add_parser(sub) -> None:
         "reward", help="score completions with a task's reward, to debug a reward rule",
         description="Print the score and its components as JSON: one line for the completion "
                     "given, or one line per record of --file (fields completion, ground_truth, "
-                    "optional task, data_source, extra_info) and a summary line. Tasks: "
+                    "optional task, data_source, extra_info, prompt) and a summary line. Tasks: "
                     + "; ".join(f"{e.name}: {e.doc}" for e in VERIFIERS))
     p.add_argument("completion", nargs="?", help="the completion text to score")
     p.add_argument("--task", choices=["auto", *VERIFIERS.names()], help="the verifier (default: reward.task)")
     p.add_argument("--ground-truth", help="the ground truth (countdown/piecewise: JSON)")
     p.add_argument("--extra-info", help="extra_info JSON object passed to the verifier")
+    p.add_argument("--prompt", default="", help="the question the completion answers (read by reward.model: "
+                   "the judge and the classifier of reward.weights)")
     p.add_argument("--file", help="JSONL of {completion, ground_truth, task?} records")
     p.add_argument("--fn", help="custom reward module:function (reward.fn)")
     p.add_argument("--timeout", type=float, help="seconds per sample for math / reward.fn")
@@ -37,7 +39,7 @@ def reward_records(args: argparse.Namespace) -> list[tuple[str, dict]]:
             raise ConfigError("reward: give a completion and --ground-truth, or --file F.jsonl")
         extra = json.loads(args.extra_info) if args.extra_info else {}
         return [("command line", {"completion": args.completion, "ground_truth": args.ground_truth,
-                                  "extra_info": extra})]
+                                  "extra_info": extra, "prompt": args.prompt})]
     from reasonrl.data.readers import iter_records
 
     records = []
@@ -49,6 +51,8 @@ def reward_records(args: argparse.Namespace) -> list[tuple[str, dict]]:
                 raise DataError(f"{where}: field '{key}' must be a string")
         if not isinstance(record.get("extra_info", {}), dict):
             raise DataError(f"{where}: field 'extra_info' must be an object")
+        if not isinstance(record.get("prompt", ""), (str, list)):
+            raise DataError(f"{where}: field 'prompt' must be a string or a list of chat messages")
         records.append((where, record))
     return records
 
@@ -71,7 +75,7 @@ def reward_command(args: argparse.Namespace) -> int:
             raise DataError(f"{where}: field 'task': unknown task {task!r}; allowed: "
                             f"{', '.join(VERIFIERS.names())}")
         row_cfg = dataclasses.replace(cfg, task=task)
-        example = Example(prompt="", ground_truth=str(record["ground_truth"]),
+        example = Example(prompt=record.get("prompt", ""), ground_truth=str(record["ground_truth"]),
                           data_source=str(record.get("data_source") or "numeric"),
                           meta={**record.get("extra_info", {}), "origin": where})
         result = score_examples([str(record["completion"])], [example], row_cfg, always_correct=True)

@@ -26,6 +26,7 @@ from reasonrl.policy.precision import cast_for_compute, load_dtype
 from reasonrl.policy.teacher import TeacherSettings, TeacherWorker, teacher_model
 from reasonrl.policy.worker import PolicySettings, PolicyWorker
 from reasonrl.registry import needs_critic
+from reasonrl.rewards.model_reward import close_hosts
 from reasonrl.rollout import RolloutWorker, make_engine
 from reasonrl.worker_protocols import CriticWorkerAPI, PolicyWorkerAPI, RolloutWorkerAPI, TeacherWorkerAPI
 
@@ -45,7 +46,7 @@ class Workers:
 
     def close(self) -> None:
         """Free the workers: engines closed (vLLM's memory and process state), Ray actors
-        stopped. Safe to call twice."""
+        stopped, reward.model's worker or actor stopped. Safe to call twice."""
         workers = (self.rollout, self.policy, self.critic, self.teacher)
         self.policy = self.rollout = self.critic = self.teacher = self.sync = None
         try:
@@ -58,6 +59,7 @@ class Workers:
 
                 stop_actors(self.actors)
                 self.actors = []
+            close_hosts()  # the run's reward-model worker (or actor): started by its scoring
 
 
 def load_model(cfg: Config, device: str = "cpu"):

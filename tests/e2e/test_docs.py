@@ -260,6 +260,14 @@ def tokens(cfg) -> str:
     return str(max(8, cfg.algo.overlong_buffer + 1, cfg.env.max_turn_tokens))
 
 
+def judge_path(cfg) -> str:
+    """The tiny random model as reward.model where reward.weights names `judge` or `classifier`
+    (the embedded judge: ~35 s to convert and seconds per batch), else the path as it is."""
+    from reasonrl.rewards.model_reward import is_model_component
+
+    return "tiny" if any(is_model_component(k) for k in cfg.reward.weights) else cfg.reward.model.path
+
+
 # appended to every train / eval / probe command that does not set the key itself (a resumed
 # run got the same ones when it started, so its config is unchanged); a function of the
 # command's config where the least value depends on it
@@ -278,6 +286,7 @@ SMALL = [
     ("data.countdown.val_size", "4"),
     ("trainer.progress", "false"),
     ("tracking.report", "false"),        # 2 s of plots per run; the pages' `reasonrl report` draws them
+    ("reward.model.path", judge_path),   # the tiny judge / reward model where the weights name one
 ]
 
 GSM8K, RECIPES = "tests/fixtures/gsm8k", "tests/fixtures/recipes"

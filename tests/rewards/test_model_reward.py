@@ -305,3 +305,19 @@ def test_bad_reward_model_settings_fail_at_load(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config("configs/smoke.yaml", overrides)
     assert message in str(err.value)
+
+
+def test_reasonrl_reward_shows_the_judge_with_the_prompt_given(tmp_path, capsys):
+    """`reasonrl reward --config C --prompt Q --ground-truth T completion`: the judge reads the
+    question; its component beside `correct`, the total their weighted sum."""
+    import json
+
+    from reasonrl.cli import main
+
+    config = tmp_path / "judge.yaml"
+    config.write_text("reward:\n  weights: {correct: 1.0, judge: 0.5}\n  model:\n    path: tiny\n")
+    assert main(["reward", "--config", str(config), "--prompt", "What is 3 + 4?", "--ground-truth", "7",
+                 "The answer is 7."]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["components"]["correct"] == 1.0 and 0.0 < row["components"]["judge"] < 1.0
+    assert row["score"] == pytest.approx(1.0 + 0.5 * row["components"]["judge"]) and row["error"] is None

@@ -1,0 +1,74 @@
+"""End to end: configs/judge.yaml trains with the judge's verdict beside `correct` (the tiny random
+judge in its own worker process), and in ray placement with the judge in a Ray actor, where a
+judge that hangs is killed and replaced as in a worker process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import keep_torch_threads  # noqa: F401  (autouse: the runs set torch's threads)
+
+from reasonrl.config import load_config
+from reasonrl.config.schema import RewardModelConfig
+from reasonrl.rewards import model_reward
+from reasonrl.rewards.pool import Call
+from reasonrl.train.trainer import train
+
+REPO = Path(__file__).parents[2]
+SMALL = ["model.path=tiny", "reward.model.path=tiny", "trainer.steps=2", "trainer.batch_size=8",
+         "rollout.n=4", "rollout.max_new_tokens=8", "eval.max_new_tokens=8", "data.arithmetic.train_size=64",
+         "data.arithmetic.val_size=4", "trainer.progress=false", "tracking.report=false", "trainer.threads=1",
+         "reward.model.batch_size=4"]
+
+
+def judge_run(out: Path, name: str, *overrides: str) -> list[dict]:
+    where = [f"trainer.output_dir={out}", f"trainer.run_name={name}"]
+    train(load_config(REPO / "configs" / "judge.yaml", [*where, *SMALL, *overrides]))
+    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_hosts():
+    model_reward.close_hosts()
+    yield
+    model_reward.close_hosts()
+
+
+def test_the_judge_config_trains_with_the_verdict_in_the_reward(tmp_path):
+    """Two steps: every step logs reward/judge (a probability, not a constant), no failure, and
+    reward/mean = reward/correct + 0.5 reward/judge (float32 sums: 1e-6)."""
+    rows = judge_run(tmp_path, "local")
+    steps = [r for r in rows if "reward/judge" in r and "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 0.0 < r["reward/judge"] < 1.0 and r["reward/errors"] == 0 and r["reward/timeouts"] == 0
+        assert r["reward/mean"] == pytest.approx(r["reward/correct"] + 0.5 * r["reward/judge"], abs=1e-6)
+    assert steps[0]["reward/judge"] != steps[1]["reward/judge"]
+
+
+def test_ray_placement_runs_the_judge_in_an_actor(ray_session, tmp_path):
+    """placement.mode=ray with reward.model.placement=ray: the same run's judge scores from a Ray
+    actor equal the worker process's (rel 1e-5: the same model and rows; the actor's thread
+    count rounds its sums otherwise). Then a judge that hangs in the actor is killed at its
+    deadline (the call times out) and the next call starts a fresh actor and scores."""
+    local = judge_run(tmp_path, "local")
+    remote = judge_run(tmp_path, "ray", "placement.mode=ray", "reward.model.placement=ray")
+    for a, b in zip(local, remote, strict=True):
+        assert ("reward/judge" in a) == ("reward/judge" in b)
+        if "reward/judge" in a:
+            assert b["reward/judge"] == pytest.approx(a["reward/judge"], rel=1e-5)
+            assert b["reward/correct"] == a["reward/correct"] and b["reward/errors"] == 0
+
+    spec = model_reward.spec_of("judge", RewardModelConfig(placement="ray", load_timeout=120.0))
+    host = model_reward.REWARD_MODEL_HOSTS.get("ray")(spec)
+    scripted = str(REPO / "tests" / "fixtures" / "scripted_judge.py") + ":judge"
+    batch = {"ground_truths": ["5"], "groups": [0], "extra_infos": [{}]}
+    calls = [Call(scripted, "", "", options={"prompts": ["What is 2 + 3?"], "spec": spec},
+                  batch={"completions": [text], **batch}, warmup={"spec": spec}) for text in ("HANG", "5")]
+    try:
+        hung, scored = host.run(calls, timeout=1.0)
+    finally:
+        host.close()
+    assert hung.timed_out and scored.error is None and scored.value == [0.75]
