@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,17 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from reasonrl.accel import calibrate
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return calibrate.cpu_model()  # lscpu's model name
 
 
 def run(config: Path, k: int, seed: int, steps: int, eval_every: int, extra: list[str]) -> dict:

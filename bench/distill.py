@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,19 +38,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from reasonrl.accel import calibrate
+
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"distill": ["teacher.task_weight=0"], "distill+task": ["teacher.task_weight=1"], "grpo": []}
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return calibrate.cpu_model()  # lscpu's model name
 
 
 def reasonrl(*args: str) -> subprocess.CompletedProcess:

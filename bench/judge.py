@@ -38,7 +38,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import sys
@@ -47,6 +46,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from reasonrl.accel import calibrate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,13 +73,7 @@ def load() -> str:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return calibrate.cpu_model()  # lscpu's model name
 
 
 def cohen_kappa(rule: list[bool], model: list[bool]) -> float:
