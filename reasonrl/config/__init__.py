@@ -8,7 +8,9 @@
 `from reasonrl.config import X` is the way in for every name below.
 """
 
+from reasonrl.config.fields import param
 from reasonrl.config.loader import MOVED, dump_yaml, load_config, parse_override, to_dict
+from reasonrl.config.placement import PlacementConfig, PolicyPlacement, RolloutPlacement, WorkerPlacement
 from reasonrl.config.rules import (
     RULES,
     after_prompt,
@@ -32,18 +34,13 @@ from reasonrl.config.schema import (
     ModelConfig,
     OptimConfig,
     PiecewiseConfig,
-    PlacementConfig,
-    PolicyPlacement,
     RewardConfig,
     RolloutConfig,
-    RolloutPlacement,
     TeacherConfig,
     TrackingConfig,
     TrainerConfig,
     VLLMConfig,
     WandbConfig,
-    WorkerPlacement,
-    param,
 )
 from reasonrl.errors import ConfigError
 

@@ -15,15 +15,14 @@ import dataclasses
 import re
 import string
 
+from reasonrl.config.placement import PolicyPlacement, WorkerPlacement
 from reasonrl.config.schema import (
     AlgoConfig,
     Config,
     CriticConfig,
     EnvConfig,
-    PolicyPlacement,
     RewardModelConfig,
     TeacherConfig,
-    WorkerPlacement,
 )
 from reasonrl.errors import ConfigError
 from reasonrl.registry import (

@@ -8,10 +8,11 @@ implements a choice is the one list of them. Reading YAML and overrides into thi
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reasonrl.config.fields import param
+from reasonrl.config.placement import PlacementConfig
 from reasonrl.registry import (
     ADVANTAGES,
     COUNTDOWN_SCORING,
@@ -33,7 +34,6 @@ from reasonrl.registry import (
     TOOLS,
     VALUE_LOSSES,
     VERIFIERS,
-    Registry,
 )
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -42,19 +42,6 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-def param(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-          lt: float | None = None, choices: Registry | None = None, also: tuple[str, ...] = (),
-          keys: Registry | tuple[str, ...] | None = None, noun: str = "key", zero: str | None = None) -> Any:
-    """A config field with its own check: a range (`ge`/`gt`/`le`/`lt`; a list's applies to each
-    item), a value from a registry (`choices`, plus the fixed values `also`), or mapping keys from
-    a registry or a tuple (`keys`; an unknown one is called an unknown `noun`). `zero` says what
-    0 means where it switches the option off ("no clipping"); the range's message says it too."""
-    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, keys=keys, zero=zero).items()
-            if v is not None}
-    meta.update(also=also, noun=noun)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -421,56 +408,6 @@ class TrainerConfig:
     # asynchronous off-policy training: step t trains on rollouts of policy version max(0, t - K),
     # generated in a process of its own while earlier steps train; 0 = on-policy (docs/async.md)
     max_staleness: int = param(0, ge=0)
-
-
-@dataclass
-class WorkerPlacement:
-    """Ray resources of one worker actor (each policy rank is one actor)."""
-
-    num_cpus: float = param(1.0, ge=0)
-    num_gpus: float = param(0.0, ge=0)  # may be fractional: 0.5 + 0.5 share one GPU
-    resources: dict[str, float] = param({})  # custom resources, e.g. {node_a: 1}
-
-
-@dataclass
-class PolicyPlacement(WorkerPlacement):
-    ranks: int = param(1, ge=1)  # data-parallel ranks (torch.distributed + FSDP2); > 1 needs mode=ray
-    # FSDP2 ranks (ranks > 1): true = free each layer's gathered weights after its forward and gather
-    # them again for the backward (ZeRO-3); false = keep them until the backward (ZeRO-2: fewer
-    # all-gathers, a layer's full weights per layer in memory between forward and backward)
-    reshard_after_forward: bool = True
-    # FSDP2 ranks: keep the weight, gradient and AdamW shards in CPU memory, copied to the GPU per
-    # layer for compute (FSDP2's CPUOffloadPolicy; DeepSpeed's offload); the optimizer steps on the CPU
-    cpu_offload: bool = False
-
-
-@dataclass
-class RolloutPlacement(WorkerPlacement):
-    replicas: int = param(1, ge=1)  # rollout actors, each with its own engine and these resources; > 1: ray
-
-
-@dataclass
-class PlacementConfig:
-    # local: workers in this process; ray: each worker is a Ray actor (docs/scaling.md)
-    mode: Literal["local", "ray"] = "local"
-    # local mode: where the policy and the colocated rollout engine live. auto = cuda when
-    # torch sees a GPU, else cpu; or cpu, cuda, cuda:N (ray mode: placement.<worker>.num_gpus)
-    device: str = "auto"
-    # ray: "" = start a Ray instance for this run; "auto" = the cluster of `ray start --head`
-    # on this machine; or host:port / ray://host:10001
-    address: str = ""
-    num_cpus: int = param(0, ge=0)  # CPUs of the Ray instance a run starts itself (0 = all); not for address
-    start_timeout: float = param(180.0, gt=0)  # seconds for a worker actor to be scheduled and built
-    call_timeout: float = param(3600.0, gt=0)  # seconds for one remote call (a step, a sync, an eval chunk)
-    # torch.distributed backend of the policy ranks; auto = nccl when the ranks have GPUs, else gloo
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # ray mode: a weight sync moves the policy's weights to the rollout replicas in buckets of at most
-    # this many MB (a tensor larger than that travels alone): the extra memory of a sync per process
-    sync_bucket_mb: float = param(512.0, gt=0)
-    policy: PolicyPlacement = field(default_factory=PolicyPlacement)
-    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
-    critic: PolicyPlacement = field(default_factory=PolicyPlacement)  # algo.advantage=gae
-    teacher: WorkerPlacement = field(default_factory=WorkerPlacement)  # teacher.path (its own actor)
 
 
 @dataclass

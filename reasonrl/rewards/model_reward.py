@@ -7,7 +7,7 @@ scores, so a model that hangs cannot hang the run:
 - `process`: one reward-model worker process (`python -m reasonrl.rewards.worker`, the rule
   rewards' worker, without their memory cap), started by the process that scores (the trainer,
   or the rollout process of asynchronous training);
-- `ray`: a Ray actor with reward.model.num_cpus / num_gpus (`reasonrl.placement.actors`).
+- `ray`: a Ray actor with reward.model.num_cpus / num_gpus (`reasonrl.placement.model_host`).
 A host loads the model once, when it starts (within reward.model.load_timeout); if that first
 load fails the model cannot score at all and a `ModelLoadError` stops the run: at start-up for a
 process host (`check_reward_model`, from `check_examples`), at the first scoring for a Ray actor
