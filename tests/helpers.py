@@ -232,6 +232,22 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert samples == [json.loads(x) for x in (reference / "samples.jsonl").read_text().splitlines()]
 
 
+def stop_resume_and_compare(tmp_path, *overrides: str) -> None:
+    """4 straight steps in runs/straight; in runs/r, SIGINT after step 2 (a checkpoint is
+    saved), then a resume to step 4: the two runs must end bitwise alike (`assert_same_run`)."""
+    from reasonrl.errors import TrainingInterrupted
+    from reasonrl.train.trainer import Trainer
+
+    Trainer(resume_cfg(tmp_path, "straight", *overrides)).fit()
+    trainer = Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.save_every=2", "trainer.keep_last=0"))
+    interrupt_after(trainer, 2)
+    with pytest.raises(TrainingInterrupted):
+        trainer.fit()
+    Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.resume=auto", "trainer.save_every=2",
+                      "trainer.keep_last=0")).fit()
+    assert_same_run(tmp_path / "r", tmp_path / "straight")
+
+
 STOPPABLE_CHILD = """
 import sys, time
 from pathlib import Path

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import RESUME_STEPS, assert_same_run, interrupt_after, resume_cfg, run_child, run_metrics
+from helpers import (
+    RESUME_STEPS,
+    assert_same_run,
+    interrupt_after,
+    resume_cfg,
+    run_child,
+    run_metrics,
+    stop_resume_and_compare,
+)
 from safetensors.torch import load_file
 
 from reasonrl.checkpoint import list_checkpoints
@@ -45,19 +53,6 @@ def test_ctrl_c_then_resume_is_exact(tmp_path, reference, capsys):
     assert_same_run(run, reference)
     state = json.loads((run / "checkpoints" / "step_4" / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["sampler"] == {"epoch": 0, "position": 8}
-
-
-def stop_resume_and_compare(tmp_path, *overrides: str) -> None:
-    """4 straight steps in runs/straight; in runs/r, SIGINT after step 2 (a checkpoint is
-    saved), then a resume to step 4: the two runs must end bitwise alike (`assert_same_run`)."""
-    Trainer(resume_cfg(tmp_path, "straight", *overrides)).fit()
-    trainer = Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.save_every=2", "trainer.keep_last=0"))
-    interrupt_after(trainer, 2)
-    with pytest.raises(TrainingInterrupted):
-        trainer.fit()
-    Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.resume=auto", "trainer.save_every=2",
-                      "trainer.keep_last=0")).fit()
-    assert_same_run(tmp_path / "r", tmp_path / "straight")
 
 
 PPO = ["algo.advantage=gae", "rollout.n=1", "critic.warmup_steps=1", "critic.lr=1e-3", "algo.lam=0.95"]

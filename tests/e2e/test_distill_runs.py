@@ -13,15 +13,12 @@ import pytest
 import torch
 from helpers import (
     assert_metrics_close,
-    assert_same_run,
-    interrupt_after,
     metrics,
-    resume_cfg,
     smoke_cfg,
+    stop_resume_and_compare,
 )
 
 from reasonrl.cli import main
-from reasonrl.errors import TrainingInterrupted
 from reasonrl.policy.model import build_tiny_model
 from reasonrl.train.trainer import Trainer, train
 from reasonrl.weights import weights_checksum
@@ -99,14 +96,7 @@ def test_a_run_with_a_teacher_stops_and_resumes_bitwise(tmp_path, teacher_dir):
     """Distillation alone: 2 steps, SIGINT, resume, 2 more end bitwise where 4 straight steps end
     (weights, every metric, the samples): the teacher holds no state besides its fixed weights."""
     overrides = (f"teacher.path={teacher_dir}", "teacher.task_weight=0", "teacher.coef=0.5")
-    Trainer(resume_cfg(tmp_path, "straight", *overrides)).fit()
-    trainer = Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.save_every=2", "trainer.keep_last=0"))
-    interrupt_after(trainer, 2)
-    with pytest.raises(TrainingInterrupted):
-        trainer.fit()
-    Trainer(resume_cfg(tmp_path, "r", *overrides, "trainer.resume=auto", "trainer.save_every=2",
-                       "trainer.keep_last=0")).fit()
-    assert_same_run(tmp_path / "r", tmp_path / "straight")
+    stop_resume_and_compare(tmp_path, *overrides)
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "distill/reverse_kl" in r] == [1, 2, 3, 4]
 
