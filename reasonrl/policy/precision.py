@@ -40,10 +40,11 @@ when it is high.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from reasonrl.policy.lora import is_lora
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16", "auto")
 UNCHANGED_WARNING = 0.5  # train/params_unchanged above this: say that the updates round away
@@ -81,10 +82,6 @@ def cast_for_compute(model: nn.Module, precision: str) -> nn.Module:
     return model
 
 
-def is_lora(model: nn.Module) -> bool:
-    return any("lora_" in name for name, _ in model.named_parameters())
-
-
 class MasterWeights:
     """fp32 master copies of a model's trainable parameters, the model itself cast to bf16
     (`model.precision=bf16-mixed`; see the module docstring). The optimizer is given `params`;
@@ -93,9 +90,9 @@ class MasterWeights:
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
         self.model, self.dtype = model, dtype
-        lora = is_lora(model)
+        # a LoRA model, or one holding it (a critic's ValueModel around a peft model)
+        lora = any(is_lora(m) for m in model.modules())
         self.pairs: list[tuple[nn.Parameter, torch.Tensor]] = []
-        self.hooks = []
         with torch.no_grad():
             for p in model.parameters():  # a tied tensor once
                 if not p.is_floating_point():
@@ -107,7 +104,7 @@ class MasterWeights:
                     # gradient buffer (`reasonrl.accel.memory`) take it
                     master = nn.Parameter(p.detach().clone().float())
                     self.pairs.append((p, master))
-                    self.hooks.append(p.register_post_accumulate_grad_hook(self._accumulate(master)))
+                    p.register_post_accumulate_grad_hook(self._accumulate(master))
                 p.data = p.data.to(dtype)
         self.master_of = {id(p): m for p, m in self.pairs}
 
@@ -148,11 +145,6 @@ class MasterWeights:
                 master.copy_(tensors[name])
         self.write_back()
 
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks = []
-
 
 class UnchangedCounter:
     """`train/params_unchanged` for pure bf16: the share of trainable weight elements that an
@@ -176,12 +168,6 @@ class UnchangedCounter:
                   f"{share:.1%} of the weights unchanged (updates below half a bf16 spacing round "
                   "away); model.precision=bf16-mixed keeps fp32 master weights", file=sys.stderr, flush=True)
         return share
-
-
-def named_masters(masters: MasterWeights | None, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """A model's tensors by state-dict name at full precision: the masters where there are."""
-    yield from (masters.state_dict() if masters is not None
-                else {n: t.detach() for n, t in model.state_dict().items()}).items()
 
 
 def model_shapes(path: str, revision: str = "") -> tuple[int, int]:

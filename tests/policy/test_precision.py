@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import grouped_rows, policy_settings
+from helpers import grouped_rows, needs_peft, policy_settings
 
 from reasonrl.batch import TrainBatch
 from reasonrl.config import ConfigError, load_config
@@ -154,3 +154,25 @@ def test_model_shapes_read_the_config_alone(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "intermediate_size": 1536}))
     assert precision.model_shapes(str(tmp_path)) == (576, 1536)
     assert precision.model_shapes("tiny") == (64, 128)
+
+
+@needs_peft
+def test_bf16_mixed_lora_trains_fp32_adapters_on_a_bf16_base(base_model):
+    """LoRA under bf16-mixed: the frozen base computes in bf16, the adapters stay fp32 and are
+    what the optimizer steps (no master copies: they are fp32 already), and a step moves them."""
+    from reasonrl.policy.lora import apply_lora
+
+    model = apply_lora(copy.deepcopy(base_model), 4, 8.0, 0.0, ["q_proj", "v_proj"], seed=1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # B starts at 0: give A a gradient too
+                p.normal_(0, 0.05)
+    worker = PolicyWorker(model, 0, policy_settings(precision="bf16-mixed", lr=1e-3))
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n and p.dtype == torch.float32 for n, p in trained.items())
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert worker.learner.masters.pairs == []
+    assert all(a is b for a, b in zip(worker.learner.trainable, trained.values(), strict=True))
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    worker.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES))
+    assert all(not torch.equal(p, before[n]) for n, p in trained.items())
