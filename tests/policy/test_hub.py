@@ -289,7 +289,6 @@ def no_network(monkeypatch):
     import socket
     from types import SimpleNamespace
 
-    import httpx
     from huggingface_hub import constants
 
     from reasonrl import cache
@@ -305,8 +304,12 @@ def no_network(monkeypatch):
 
     cache.hub_unreachable.cache_clear()
     monkeypatch.setattr(cache, "socket", SimpleNamespace(create_connection=lookup_fails))
-    for client in [httpx.Client] + ([importlib.import_module("httpx2").Client]
-                                    if importlib.util.find_spec("httpx2") else []):
+    # huggingface_hub 1.x sends through httpx, 2.x through httpx2; a user's environment may hold
+    # either or both (the dev extra pulls httpx in through other packages, a bare install not)
+    clients = [importlib.import_module(name).Client for name in ("httpx", "httpx2")
+               if importlib.util.find_spec(name)]
+    assert clients, "huggingface_hub sends through httpx or httpx2, and neither is installed"
+    for client in clients:
         monkeypatch.setattr(client, "send", no_request)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
