@@ -135,7 +135,8 @@ def request_of(call: Call, timeout: float) -> dict:
 
 def load_request(target: str, warmup: dict | None) -> dict:
     """The worker's request to import `target` (and run its warmup, with `warmup` if given)."""
-    message = {"load": target, "sys_path": [p or os.getcwd() for p in sys.path]}
+    cwd = os.getcwd()  # now: the worker may have been started in another (since removed) directory
+    message = {"load": target, "sys_path": [p or cwd for p in sys.path], "cwd": cwd}
     if warmup is not None:
         message["warmup"] = warmup
     return message

@@ -52,13 +52,17 @@ def _answer(out, reply: dict) -> None:
 
 
 def load_reply(request: dict) -> dict:
-    """The reply to {"load": target}: import it (the parent's sys.path added) and run its
-    `warmup`, with the request's "warmup" keywords if it has them."""
+    """The reply to {"load": target}: import it (the parent's sys.path added, in the parent's
+    working directory: a pooled worker outlives the one it was started in) and run its `warmup`,
+    with the request's "warmup" keywords if it has them."""
     from reasonrl.rewards.verifiers import load_target
 
     for entry in request.get("sys_path", []):  # the parent's, as it is now
         if entry not in sys.path:
             sys.path.append(entry)
+    cwd = request.get("cwd")  # the parent's working directory as it is now (where ./my_rewards.py is)
+    if cwd and os.path.isdir(cwd):  # not on another Ray node, where it need not exist
+        os.chdir(cwd)
     try:
         warmup = getattr(load_target(request["load"]), "warmup", None)
         if warmup is not None:

@@ -18,6 +18,7 @@ from reasonrl.errors import ConfigError
 from reasonrl.rewards import (
     GroundTruthError,
     check_examples,
+    pool,
     score,
     score_examples,
     score_rollouts,
@@ -381,6 +382,30 @@ def test_custom_reward_by_module_path(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     cfg = RewardConfig(fn="custom_reward:keyword", weights={"correct": 2.0})
     assert score_examples(["7"], examples_for(["7"]), cfg).total.tolist() == [2.0]
+
+
+def test_a_pooled_worker_loads_a_module_target_from_the_working_directory_of_now(tmp_path, monkeypatch):
+    """A reward worker outlives the directory it was started in (a run's folder removed, a
+    test's tmp_path): a module target loaded later is found in the scoring process's working
+    directory as it is then, as `python -c` would find it, not failed on the vanished one."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (second / "rewards_of_now.py").write_text("def fn(completion, ground_truth, extra_info):\n"
+                                               "    return 1.0\n")
+    monkeypatch.setattr(pool, "_POOLS", {})  # workers of this test's own
+    try:
+        monkeypatch.chdir(first)
+        two = score_examples(["7", "7"], examples_for(["7", "7"]), custom_cfg("keyword"))  # both workers
+        assert two.total.tolist() == [1.0, 1.0] and len(pool._POOLS[2]._idle) == 2
+        monkeypatch.chdir(second)
+        first.rmdir()  # the workers' starting directory is gone
+        cfg = RewardConfig(fn="rewards_of_now:fn", weights={"correct": 2.0})
+        result = score_examples(["7"], examples_for(["7"]), cfg)
+        assert result.failures == [None] and result.total.tolist() == [2.0]
+    finally:
+        for workers in pool._POOLS.values():
+            workers.close()
 
 
 @pytest.mark.parametrize("isolate", [True, False])
