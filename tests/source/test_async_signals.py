@@ -140,9 +140,9 @@ def check_stopped(run: Path, sig: signal.Signals, code: int, err: str, left: lis
     return step
 
 
-@pytest.mark.parametrize("k, sig", [(1, signal.SIGINT), (2, signal.SIGINT), (1, signal.SIGTERM),
-                                    (2, signal.SIGTERM)],
-                         ids=["K1-SIGINT", "K2-SIGINT", "K1-SIGTERM", "K2-SIGTERM"])
+# Each signal once and each K once: the stop is one code path for both signals (their name and
+# exit code are what differ, both checked), and K sets only how many batches are in flight
+@pytest.mark.parametrize("k, sig", [(1, signal.SIGINT), (2, signal.SIGTERM)], ids=["K1-SIGINT", "K2-SIGTERM"])
 def test_a_signal_to_an_asynchronous_run_stops_it_as_an_on_policy_run(straight, tmp_path, k, sig):
     code, err, left = stop_by_signal(tmp_path, "r", sig, f"trainer.max_staleness={k}")
     run = tmp_path / "r"
