@@ -6,6 +6,7 @@ rewards are all equal, every loss / KL estimator / importance correction finite 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -472,7 +473,18 @@ def test_sequence_aggregation_leaves_an_empty_row_out_hand_computed():
 def test_the_worker_leaves_an_empty_row_out_of_the_sequence_mean():
     """A row whose every token is the environment's (token mask all 0) in `loss_agg=sequence`:
     on-policy the loss is -(1/2) sum over the two other rows of A_i mean_t logp_it, so its
-    gradient is that of the rows alone, 2 of them (the empty row neither adds nor counts)."""
+    gradient is that of the rows alone, 2 of them (the empty row neither adds nor counts).
+
+    Equal up to float32 rounding only: the 3-row and the 2-row batch are other matrix shapes,
+    which BLAS splits into other partial sums (and otherwise on each CPU: AVX2, AMX, ARM; and at
+    each thread count). Each gradient is a chain of float32 sums, the longest over the vocabulary
+    (V = 49152: the softmax's normaliser and the tied head's backward W^T (p - y)); a sum of n
+    products errs by at most n eps sum|a_i b_i| (eps = 2^-24), each |a_i b_i| here at most the
+    tensor's largest gradient, so two roundings differ by at most V eps max|g| = 2.9e-3 max|g| per
+    tensor (seen: 3e-6 max|g| at 2 threads, 0 at 1 here; 2.1e-6 of 0.72 on an AMD EPYC). The
+    mistake it catches, the empty row counted (a mean over 3 rows, not 2), scales every gradient
+    by 2/3: off by max|g| / 3, 100 times the tolerance. Each batch runs at 1 and at 2 threads,
+    and every pair is compared: two kernels' roundings on this CPU too."""
     model, _ = build_tiny_model(seed=3)
     prompts, completions = [[1, 5, 9, 11], [1, 7], [3, 4, 5]], [[20, 21, 2], [30, 31], [50]]
     advantages = torch.tensor([1.0, 2.0, -0.5])
@@ -494,10 +506,19 @@ def test_the_worker_leaves_an_empty_row_out_of_the_sequence_mean():
         return captured
 
     masks = [[1, 1, 1], [0, 0], [1]]
-    with_empty = grads(masks, [0, 1, 2])
-    without = grads(masks, [0, 2])
-    for name, grad in without.items():
-        torch.testing.assert_close(with_empty[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    threads, with_empty, without = torch.get_num_threads(), [], []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with_empty.append(grads(masks, [0, 1, 2]))
+            without.append(grads(masks, [0, 2]))
+    finally:
+        torch.set_num_threads(threads)
+    vocab = model.config.vocab_size
+    for a, b in itertools.product(with_empty, without):
+        for name, grad in b.items():
+            bound = vocab * 2.0 ** -24 * grad.abs().max().item()
+            torch.testing.assert_close(a[name], grad, rtol=0.0, atol=bound, msg=name)
 
 
 # ---- the dual clip's tie ---------------------------------------------------------------------
