@@ -16,10 +16,12 @@ from reasonrl.rewards.verifiers import Verifier
 def describe_exception(err: BaseException) -> str:
     """An in-process reward's failure as one line. SystemExit is caught with the others: a
     reward function that calls sys.exit() must not end the trainer (with exit code 2, which
-    is also that of a config error) without a word."""
+    is also that of a config error) without a word. An exception without a message is its
+    type's name alone (`KeyboardInterrupt`, not `KeyboardInterrupt: `)."""
     if isinstance(err, SystemExit):
         return f"called sys.exit({err.code!r})"
-    return f"{type(err).__name__}: {err}"
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def describe_verifier(verifier: Verifier) -> str:

@@ -51,6 +51,18 @@ def _answer(out, reply: dict) -> None:
     out.flush()
 
 
+def _failure(err: BaseException) -> str:
+    """What the user's code raised, as one line: any BaseException, KeyboardInterrupt and
+    SystemExit included. In this process they can only come from the user's code (SIGINT is
+    ignored here, `main`; the parent decides whether a Ctrl-C stops the run), and one left to
+    escape would end the worker with a traceback on the console, once per worker and call (~40
+    in a 3-step run), and cost a fresh worker each time. Caught, it is a failure like any other:
+    scored 0, counted, printed once by the trainer."""
+    from reasonrl.rewards.failures import describe_exception
+
+    return describe_exception(err)[:2000]
+
+
 def load_reply(request: dict) -> dict:
     """The reply to {"load": target}: import it (the parent's sys.path added, in the parent's
     working directory: a pooled worker outlives the one it was started in) and run its `warmup`,
@@ -68,8 +80,8 @@ def load_reply(request: dict) -> dict:
         if warmup is not None:
             warmup(**request.get("warmup") or {})
         return {"value": None}
-    except Exception as err:
-        return {"error": f"cannot load {request['load']}: {type(err).__name__}: {err}"}
+    except BaseException as err:  # noqa: BLE001 - as a call's (`_failure`)
+        return {"error": f"cannot load {request['load']}: {_failure(err)}"}
 
 
 def call_reply(request: dict, timer: bool = True) -> dict:
@@ -99,8 +111,8 @@ def call_reply(request: dict, timer: bool = True) -> dict:
         return {"timeout": True}
     except GroundTruthError as err:
         return {"ground_truth_error": str(err)}
-    except Exception as err:
-        return {"error": f"{type(err).__name__}: {err}"[:2000]}
+    except BaseException as err:  # noqa: BLE001 - KeyboardInterrupt and SystemExit too (`_failure`)
+        return {"error": _failure(err)}
 
 
 def main() -> None:

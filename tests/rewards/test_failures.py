@@ -138,6 +138,67 @@ def test_a_reward_of_1e308_is_seen_and_reward_mean_is_never_null(tmp_path, capsy
     assert [r["reward/mean"] for r in rows if "reward/errors" in r] == [0.0, 0.0]
 
 
+# a reward that raises KeyboardInterrupt or SystemExit in a reward worker (issue 40)
+
+def test_a_pooled_reward_raising_keyboard_interrupt_or_exit_is_an_error_like_any_other(capfd, monkeypatch):
+    """Each worker printed its traceback and died (~40 tracebacks in a 3-step run); now either
+    is a failure like any other: scored 0, counted, one line each, and the workers live on."""
+    from reasonrl.rewards import pool
+    from reasonrl.rewards.scoring import score
+    from reasonrl.rewards.verifiers import Verifier
+
+    monkeypatch.setattr(pool, "_POOLS", {})  # workers started in this test: their stderr is captured
+    try:
+        def custom(name: str) -> Verifier:
+            return Verifier("custom", f"{HOSTILE}:{name}", (), True, 5.0, 2)
+
+        assert score(["a", "b"], ["1", "1"], {"correct": 1.0}, verifiers=[custom("one")] * 2).errors == 0
+        workers = pool._POOLS[2]
+        started = sorted(w.proc.pid for w in workers._idle)
+        names = ["interrupts", "exits", "one", "interrupts", "exits"]
+        scores = score(["a"] * 5, ["1"] * 5, {"correct": 1.0}, verifiers=[custom(n) for n in names],
+                       dtype=torch.float32)
+        assert scores.total.tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
+        assert (scores.errors, scores.timeouts) == (4, 0)
+        interrupted, exited = (f"reward.fn {HOSTILE}:interrupts: KeyboardInterrupt",
+                               f"reward.fn {HOSTILE}:exits: called sys.exit(3)")
+        assert scores.failures == [interrupted, exited, None, interrupted, exited]
+        assert workers.killed == 0 and sorted(w.proc.pid for w in workers._idle) == started  # none replaced
+        assert all(w.proc.poll() is None for w in workers._idle)
+    finally:
+        for workers in pool._POOLS.values():
+            workers.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_run_whose_reward_raises_keyboard_interrupt_prints_one_line_and_no_traceback(tmp_path, capfd,
+                                                                                       monkeypatch):
+    """The issue's run: every call of reward.fn raises KeyboardInterrupt in the reward workers.
+    The console holds the one summarised line of that failure and no traceback; the metrics
+    count every call in reward/errors, and the run ends as a run whose reward always fails."""
+    from reasonrl.rewards import pool
+
+    monkeypatch.setattr(pool, "_POOLS", {})  # workers started in this test: their stderr is captured
+    try:
+        code = main(["train", SMOKE, f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
+                     "trainer.progress=false", "trainer.steps=3", "trainer.threads=1",
+                     "trainer.max_bad_steps=2", f"reward.fn={HOSTILE}:interrupts"])
+    finally:
+        for workers in pool._POOLS.values():
+            workers.close()
+    err = capfd.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    first = f"a reward failed and scored 0: reward.fn {HOSTILE}:interrupts: KeyboardInterrupt (first of its"
+    assert err.count(first) == 1
+    # that line, one per bad step and the run's last: no worker's traceback or own message
+    assert err.count("KeyboardInterrupt") == 4
+    assert err.strip().splitlines()[-1].startswith(
+        f"reasonrl: error: 2 bad steps in a row (to step 2), the last: every reward call failed, e.g. "
+        f"reward.fn {HOSTILE}:interrupts: KeyboardInterrupt; stopping")
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reward/errors"] for r in rows if "reward/errors" in r] == [8.0, 8.0]
+
+
 # data: one enormous line
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
