@@ -22,6 +22,10 @@ from reasonrl.train.trainer import Trainer
 
 FIXTURE = REPO / "tests" / "fixtures" / "custom_loss.py"
 SCALED = f"algo.loss_fn={FIXTURE}:scaled_surrogate"
+# every advantage at least 1, whatever the tiny model samples on this CPU: the reward is 1 + a
+# length's residue (never 0) and the advantage the reward itself
+POSITIVE = [f"reward.fn={REPO / 'tests' / 'fixtures' / 'length_reward.py'}:positive_length",
+            "algo.advantage=raw"]
 
 
 def rows(run: Path) -> list[dict]:
@@ -32,14 +36,19 @@ def test_an_out_of_tree_loss_trains_from_the_config(tmp_path):
     """Two steps of the tiny model with the fixture's loss at scale 2: on-policy (rho = 1) it is
     twice the default ppo loss, so step 1's loss is exactly twice that of the same run with ppo
     (doubling is exact in floating point; the batch and weights are the same before the first
-    update); its statistics show the keyword it was given and the `algo` key it read."""
+    update); its statistics show the keyword it was given and the `algo` key it read.
+
+    The advantages are not left to what the model samples: with GRPO's, a batch whose
+    completions all run to max_new_tokens (the tiny model's, nearly always) has a loss of
+    -mean(A) = a rounding residue, exactly 0 on an AMD EPYC. Here A = the reward, at least 1
+    (`POSITIVE`): the ppo loss -mean(A rho) is at most -1 (rho = 1 up to rounding), on any CPU."""
     Trainer(smoke_cfg(tmp_path, "custom", "trainer.steps=2", SCALED, "algo.loss_kwargs={scale: 2.0}",
-                      "algo.clip_low=0.25")).fit()
-    Trainer(smoke_cfg(tmp_path, "ppo", "trainer.steps=1", "algo.clip_low=0.25")).fit()
+                      "algo.clip_low=0.25", *POSITIVE)).fit()
+    Trainer(smoke_cfg(tmp_path, "ppo", "trainer.steps=1", "algo.clip_low=0.25", *POSITIVE)).fit()
     custom, ppo = rows(tmp_path / "custom"), rows(tmp_path / "ppo")
     trained = [r for r in custom if "train/loss" in r]
     assert [r["step"] for r in trained] == [1, 2]
-    assert trained[0]["train/pg_loss"] != 0.0
+    assert trained[0]["train/pg_loss"] < -1.5  # -2 mean(A rho), A >= 1: not 0 by chance
     assert trained[0]["train/pg_loss"] == 2.0 * ppo[-1]["train/pg_loss"]
     assert trained[0]["train/loss"] == 2.0 * ppo[-1]["train/loss"]
     for r in trained:
