@@ -61,7 +61,13 @@ from reasonrl.checkpoint.layout import (
 from reasonrl.checkpoint.manifest import checkpoint_size, verify_checkpoint, write_manifest
 from reasonrl.checkpoint.read import non_finite, numpy_rng, read_checkpoint
 from reasonrl.checkpoint.records import from_plain, to_plain
-from reasonrl.checkpoint.resume import check_logs, find_resume_point, resume_target, truncate_log
+from reasonrl.checkpoint.resume import (
+    check_logs,
+    find_resume_point,
+    missing_logs,
+    resume_target,
+    truncate_log,
+)
 from reasonrl.checkpoint.rotation import is_good, rotate, set_aside
 from reasonrl.checkpoint.storage import estimate_size, storage_error
 from reasonrl.checkpoint.write import atomic_save, plain_rng, write_checkpoint
@@ -70,7 +76,7 @@ __all__ = [
     "ADAPTER_DIR", "CRITIC_DIR", "FORMAT", "MANIFEST", "RESUME_SAFE_KEYS", "STATE_FILE", "STEP_DIR",
     "TENSOR_FILE", "WEIGHT_SUFFIXES", "atomic_save", "check_config_changes", "check_logs", "checkpoint_size",
     "config_changes", "config_hash", "estimate_size", "find_resume_point", "flatten", "from_plain",
-    "is_good", "list_checkpoints", "non_finite", "numpy_rng", "plain_rng", "read_checkpoint",
+    "is_good", "list_checkpoints", "missing_logs", "non_finite", "numpy_rng", "plain_rng", "read_checkpoint",
     "remove_partial", "resume_target", "rotate", "set_aside", "step_folders", "storage_error", "to_plain",
     "truncate_log", "verify_checkpoint", "write_checkpoint",
     "write_manifest",

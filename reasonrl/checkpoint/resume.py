@@ -66,7 +66,7 @@ def check_logs(run_dir: Path, offsets: dict[str, int], checkpoint: Path | None =
     checkpoint was written}) is at least that long. A shorter one lost lines the checkpoint
     counts on (cut or replaced since): a `CheckpointError` naming both sizes and the two ways
     on (restore the file, or move it aside: a missing log is started afresh after the resumed
-    step, `truncate_log`)."""
+    step, `truncate_log`, and said so, `missing_logs`)."""
     for name, offset in offsets.items():
         path = Path(run_dir) / name
         size = path.stat().st_size if path.exists() else offset
@@ -77,6 +77,26 @@ def check_logs(run_dir: Path, offsets: dict[str, int], checkpoint: Path | None =
                 f"so some of its lines up to that step are gone (the file was cut or replaced since). "
                 f"Restore it from a copy, or move it aside (mv {path} {path}.old) to resume with a {name} "
                 f"that starts after that step")
+
+
+def missing_logs(run_dir: Path, offsets: dict[str, int], checkpoint: Path | None = None,
+                 step: int | None = None) -> list[str]:
+    """One line for each log of `offsets` that is gone though it held lines when the checkpoint
+    (of `step`) was written: deleted, or moved aside as `check_logs` suggests for a cut one. A
+    resume goes on with it (`truncate_log` leaves it missing; the run writes a new one that
+    starts after that step), but not silently: the run's log then lacks every earlier row, and
+    a deletion the user did not mean is seen while the file can still be put back. A log that
+    is there but shorter is `check_logs`' refusal: it lost lines, which nothing made plain."""
+    notes = []
+    at = f"checkpoint {checkpoint} was" if checkpoint is not None else "the checkpoint was"
+    after = f"step {step}" if step is not None else "that step"
+    for name, offset in offsets.items():
+        path = Path(run_dir) / name
+        if offset > 0 and not path.exists():
+            notes.append(f"{path} is missing: it held {offset} bytes when {at} written, 0 are there now. "
+                         f"The run goes on and writes a new {name} that starts after {after}, without "
+                         f"the earlier rows; to keep them, stop the run, put the file back and resume again")
+    return notes
 
 
 def truncate_log(path: Path, offset: int) -> None:

@@ -38,6 +38,7 @@ from reasonrl.checkpoint import (
     find_resume_point,
     is_good,
     list_checkpoints,
+    missing_logs,
     remove_partial,
     resume_target,
     rotate,
@@ -305,6 +306,8 @@ class RunDir:
         (`existing_run_message`), or with `overwrite` emptied first."""
         if offsets is not None:
             check_logs(self.path, offsets, self.checkpoint)  # a log that lost lines: before anything changes
+            for note in missing_logs(self.path, offsets, self.checkpoint, checkpoint_step(self.checkpoint)):
+                print(f"[reasonrl] warning: {note}", file=sys.stderr, flush=True)  # gone: started afresh
             remove_partial(self.path)
             self.set_aside_newer()
             with _writing("the run's logs in", self.path):

@@ -357,6 +357,51 @@ def test_a_log_shorter_than_at_the_checkpoint_is_one_line_and_moving_it_aside_re
     assert all(torch.equal(final_weights(run)[k], final_weights(reference)[k]) for k in final_weights(run))
 
 
+def test_a_log_cut_to_nothing_is_refused_as_a_shorter_one(reference, tmp_path, capsys):
+    """Emptied in place (`: > metrics.jsonl`) is a log that lost lines, like one cut to 100 bytes."""
+    run = tmp_path / "r"
+    shutil.copytree(reference, run)
+    step = run / "checkpoints" / "step_2"
+    (run / "metrics.jsonl").write_bytes(b"")
+    assert main(["train", "--resume", str(step), "trainer.progress=false"]) == 2
+    assert last_line(capsys).startswith(f"reasonrl: error: cannot resume: {run}/metrics.jsonl is shorter "
+                                        f"(0 bytes) than when checkpoint {step} was written (")
+
+
+def test_a_deleted_log_is_said_and_the_run_goes_on_with_a_new_one(reference, tmp_path, capsys):
+    """Issue 40: a resume whose metrics.jsonl (or samples.jsonl) was deleted went on without a
+    word, writing a log that lacks the earlier rows. It still goes on (moving a log aside is
+    `check_logs`' own way on), and says so, once per missing log, with both lengths."""
+    run = tmp_path / "r"
+    shutil.copytree(reference, run)
+    step = run / "checkpoints" / "step_2"
+    offsets = json.loads((step / "trainer_state.json").read_text())["offsets"]
+    assert offsets["metrics.jsonl"] > 0 and offsets["samples.jsonl"] > 0
+    (run / "metrics.jsonl").unlink()
+    (run / "samples.jsonl").rename(run / "samples.jsonl.old")
+    assert main(["train", "--resume", str(step), "trainer.progress=false", "trainer.keep_last=0"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        line = (f"[reasonrl] warning: {run}/{name} is missing: it held {offsets[name]} bytes when checkpoint "
+                f"{step} was written, 0 are there now. The run goes on and writes a new {name} that starts "
+                f"after step 2, without the earlier rows; to keep them, stop the run, put the file back and "
+                f"resume again")
+        assert err.count(line) == 1, err
+    assert run_metrics(run) == run_metrics(reference)[-2:]  # steps 3 and 4, as the straight run logged them
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [3, 4]
+
+
+def test_a_resume_with_its_logs_in_place_says_nothing_of_them(reference, tmp_path):
+    from reasonrl.checkpoint import missing_logs
+
+    step = reference / "checkpoints" / "step_2"
+    offsets = json.loads((step / "trainer_state.json").read_text())["offsets"]
+    assert missing_logs(reference, offsets, step, 2) == []
+    assert missing_logs(tmp_path, {"metrics.jsonl": 0, "samples.jsonl": 0}) == []  # nothing was lost
+
+
 def fail_log_write(monkeypatch, name: str, nth: int) -> None:
     """The `nth` write to the log `name` writes half its bytes, then the disk is full: the rest
     of it fails with ENOSPC, 1 KiB free. Every other write goes through."""
