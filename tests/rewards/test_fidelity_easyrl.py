@@ -135,6 +135,14 @@ CASES = [
 ]
 
 
+def assert_no_failure(scored) -> None:
+    """No component of any row raised or timed out: a failure scores 0, which a row expecting 0
+    would pass. `errors` counts every component's (a format check's too, which leaves no message
+    in `failures`), `timeouts` the calls cut."""
+    assert (scored.errors, scored.timeouts) == (0, 0), scored.failures
+    assert scored.failures == [None] * len(scored.total) and not any(scored.timed_out), scored.failures
+
+
 @pytest.fixture(scope="module")
 def scored():
     return score_recipe_cases(RECIPE, CASES)
@@ -145,6 +153,7 @@ def test_recipe_scores_as_easyrl(scored, row):
     _, completion, truth, expected = CASES[row]
     assert scored.total[row].item() == expected, (completion[:200], truth)
     assert list(scored.components) == ["correct"] and scored.failures[row] is None
+    assert_no_failure(scored)  # every component of every row (a format check's error names no row)
 
 
 def test_recipe_takes_every_ground_truth_easyrl_can_match():

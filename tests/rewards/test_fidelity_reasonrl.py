@@ -139,6 +139,14 @@ CASES = [
 ]
 
 
+def assert_no_failure(scored) -> None:
+    """No component of any row raised or timed out: a failure scores 0, which a row expecting 0
+    would pass. `errors` counts every component's (a format check's too, which leaves no message
+    in `failures`), `timeouts` the calls cut."""
+    assert (scored.errors, scored.timeouts) == (0, 0), scored.failures
+    assert scored.failures == [None] * len(scored.total) and not any(scored.timed_out), scored.failures
+
+
 @pytest.fixture(scope="module")
 def scored():
     return score_recipe_cases(RECIPE, CASES)
@@ -151,6 +159,7 @@ def test_recipe_scores_as_reasonrl(scored, row):
            scored.components["correct"][row].item())
     assert got == expected, (completion[:200], truth)
     assert scored.failures[row] is None
+    assert_no_failure(scored)  # every component of every row (a format check's error names no row)
 
 
 def test_recipe_normalises_groups_with_reasonrls_population_std():

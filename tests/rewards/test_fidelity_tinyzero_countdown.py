@@ -51,10 +51,20 @@ def recipe(*overrides: str):
     return load_config(RECIPE, list(overrides))
 
 
+def assert_no_failure(scored) -> None:
+    """No component of any row raised or timed out: a failure scores 0, which a row expecting 0
+    would pass. `errors` counts every component's (a format check's too, which leaves no message
+    in `failures`), `timeouts` the calls cut."""
+    assert (scored.errors, scored.timeouts) == (0, 0), scored.failures
+    assert scored.failures == [None] * len(scored.total) and not any(scored.timed_out), scored.failures
+
+
 def recipe_score(completion: str, ground_truth: str, *overrides: str) -> float:
     """The recipe's reward for one response of a record with this ground truth."""
     example = Example("Using the numbers ...", ground_truth, "countdown")
-    return score_examples([completion], [example], recipe(*overrides).reward).total.item()
+    scored = score_examples([completion], [example], recipe(*overrides).reward)
+    assert_no_failure(scored)  # a crash scores 0.0, the expected score of many rows
+    return scored.total.item()
 
 
 T24 = truth([3, 5, 7, 9], 24)  # (9+3)*(7-5)

@@ -142,6 +142,14 @@ CASES = [
 ]
 
 
+def assert_no_failure(scored) -> None:
+    """No component of any row raised or timed out: a failure scores 0, which a row expecting 0
+    would pass. `errors` counts every component's (a format check's too, which leaves no message
+    in `failures`), `timeouts` the calls cut."""
+    assert (scored.errors, scored.timeouts) == (0, 0), scored.failures
+    assert scored.failures == [None] * len(scored.total) and not any(scored.timed_out), scored.failures
+
+
 @pytest.fixture(scope="module")
 def scored():
     return score_recipe_cases(RECIPE, CASES)
@@ -154,6 +162,7 @@ def test_recipe_scores_as_trl_grpo(scored, row):
            scored.components["format_trl_grpo"][row].item())
     assert got == expected, (completion[:200], truth)
     assert scored.failures[row] is None
+    assert_no_failure(scored)  # every component of every row (a format check's error names no row)
 
 
 def test_a_ground_truth_trl_cannot_read_adds_no_accuracy():
@@ -165,3 +174,4 @@ def test_a_ground_truth_trl_cannot_read_adds_no_accuracy():
     completion = "<think>x</think><answer>\\boxed{\\sqrt{2}}</answer>"
     scored = score_examples([completion], [Example(prompt="", ground_truth="\\sqrt{2}")], cfg)
     assert (scored.total[0].item(), scored.components["correct"][0].item()) == (1.0, 0.0)
+    assert_no_failure(scored)  # 0.0 read as no accuracy, not a crash

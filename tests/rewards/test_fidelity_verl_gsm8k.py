@@ -39,13 +39,23 @@ def config(path: str | None, *overrides: str):
     return load_config(path, list(overrides))
 
 
+def assert_no_failure(scored) -> None:
+    """No component of any row raised or timed out: a failure scores 0, which a row expecting 0
+    would pass. `errors` counts every component's (a format check's too, which leaves no message
+    in `failures`), `timeouts` the calls cut."""
+    assert (scored.errors, scored.timeouts) == (0, 0), scored.failures
+    assert scored.failures == [None] * len(scored.total) and not any(scored.timed_out), scored.failures
+
+
 def verl_score(completion: str, ground_truth: str, method: str, path: str | None = None) -> float:
     """The reward of one response to an openai/gsm8k record under the config at `path` (None:
     the default config) with reward.task=auto and reward.verl_gsm8k_method=`method`."""
     overrides = ["reward.task=auto"] + ([] if method == "strict" else [f"reward.verl_gsm8k_method={method}"])
     cfg = config(path, *overrides)
     example = Example("Natalia sold clips ...", ground_truth, SOURCE)
-    return score_examples([completion], [example], cfg.reward).total.item()
+    scored = score_examples([completion], [example], cfg.reward)
+    assert_no_failure(scored)  # a crash scores 0.0, the expected score of many rows
+    return scored.total.item()
 
 
 # (response, ground truth, method, verl's score)
@@ -243,6 +253,7 @@ def test_verl_parquet_file_scores_as_verl(tmp_path):
                    "\\boxed{1548556}"]
     scores = score_examples(completions, examples * len(completions), config(None).reward)
     assert scores.total.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert_no_failure(scores)
 
 
 def test_a_ground_truth_verl_can_never_match_stops_the_run():
@@ -290,4 +301,6 @@ def test_extract_verl_gsm8k_refuses_an_unknown_method():
 def test_reasonrl_gsm8k_compares_numbers_exactly(completion, truth, expected):
     assert gsm8k_reward(completion, truth, {}) == expected
     cfg = config(None)
-    assert score_examples([completion], [Example("q", truth, "gsm8k")], cfg.reward).total.item() == expected
+    scored = score_examples([completion], [Example("q", truth, "gsm8k")], cfg.reward)
+    assert scored.total.item() == expected
+    assert_no_failure(scored)
