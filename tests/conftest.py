@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from reasonrl.policy.model import build_tiny_model
-
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO_ROOT = Path(__file__).parent.parent
+
+
+def _test_home() -> Path:
+    """A `$REASONRL_HOME` of this test process's own, deleted when it exits: the suite never
+    writes the user's home (its calibrations, measured on the tiny model under the suite's load,
+    would otherwise be read by a later real run). Its `models` and `tokenizers` are shared: the
+    user's converted default model where it is there (only read), else a cache in this
+    checkout's .pytest_cache (converted once per checkout, not once per test process)."""
+    home = Path(tempfile.mkdtemp(prefix="reasonrl-test-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    user = Path(os.environ.get("REASONRL_HOME", Path.home() / ".cache" / "reasonrl"))
+    shared = REPO_ROOT / ".pytest_cache" / "reasonrl-home"
+    for name in ("models", "tokenizers"):
+        source = user / name if (user / name / "SmolLM2-135M-Instruct").is_dir() else shared / name
+        source.mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(source, target_is_directory=True)
+    return home
+
+
+os.environ["REASONRL_HOME"] = str(_test_home())  # before reasonrl reads it
+
+from reasonrl.policy.model import build_tiny_model  # noqa: E402
 
 # The files that take longest, longest first (seconds in one process on 2 cores, from a junit
 # report of the whole suite): `make test` runs the suite in pytest-xdist workers that each take a
@@ -144,3 +167,28 @@ def ray_session():
     print(f"[conftest] ray.init took {time.perf_counter() - t:.1f} s")
     yield ray
     ray.shutdown()
+
+
+# ---- golden runs (tests/e2e/test_golden.py): how many compared with a record of this machine ----
+
+GOLDEN_OUTCOMES: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Collects each golden run's outcome ("compared" or "no record"), which the test puts in
+    its user_properties; under pytest-xdist the reports reach the controller with them."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == "golden" and report.when == "call":
+            GOLDEN_OUTCOMES[report.nodeid] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line in the summary (and CI's log): golden runs compared bitwise with this machine's
+    record, and those without one (checked by repetition and resume instead)."""
+    if GOLDEN_OUTCOMES:
+        values = list(GOLDEN_OUTCOMES.values())
+        missing = sorted(n.split("[")[-1].rstrip("]") for n, v in GOLDEN_OUTCOMES.items() if v != "compared")
+        terminalreporter.write_line(
+            f"golden runs: {values.count('compared')} compared bitwise with this machine's record, "
+            f"{len(missing)} had no record here{' (' + ', '.join(missing) + ')' if missing else ''}: "
+            "those were checked by two straight runs and a resume")

@@ -31,8 +31,6 @@ import datetime
 import functools
 import json
 import os
-import platform
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -42,91 +40,35 @@ import torch
 import torch.nn.functional as F
 
 from reasonrl.accel.decode import FALLBACK, decoder, unavailable
+from reasonrl.accel.host import (  # noqa: F401 - CHOICE_FLAGS, flags_in_*: re-exported, where they were
+    CHOICE_FLAGS,
+    cpu_flags,
+    cpu_model,
+    flags_in_cpuinfo,
+    flags_in_sysctl,
+    load_per_core,
+)
 from reasonrl.cache import reasonrl_home
 
 CANDIDATES = ("lean_mkl", "lean", "modules")
 PROMPT_TOKENS = 48  # the synthetic prompt's length
 DECODE_ROUNDS = 2  # blocks per decoder, interleaved; each decodes WARMUP_STEPS (not kept) + TIMED_STEPS
 WARMUP_STEPS, TIMED_STEPS = 1, 3
+BLOCK_SECONDS = 1.0  # a decoder's block stops timing steps once it has spent this long
+GIVE_UP = 3.0  # a candidate this many times slower than the best is not measured again
 
-# the CPU flags that decide the choices: the x86 vector and matrix units (AMX, AVX512-BF16,
-# AVX-512, AVX2, FMA: bf16's speed and MKL's kernels) and ARM's (bf16, SVE, Advanced SIMD)
-CHOICE_FLAGS = ("amx_bf16", "amx_tile", "asimd", "avx2", "avx512_bf16", "avx512f", "bf16", "fma", "sve")
-# macOS has no /proc/cpuinfo: `sysctl hw.optional` names the same features
-SYSCTL_FLAGS = {"hw.optional.arm.FEAT_BF16": "bf16", "hw.optional.AdvSIMD": "asimd",
-                "hw.optional.neon": "asimd", "hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f",
-                "hw.optional.fma": "fma"}
 BUSY_LOAD = 1.0  # 1-minute load average per core above which a measurement was taken under load
 QUIET_LOAD = BUSY_LOAD / 2  # ... and below which the machine is quiet enough to measure it again
 
 PRECISIONS = ("bf16-mixed", "fp32")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # the flags of bf16 matrix units (x86 AMX / AVX-512, ARM)
 BF16_MARGIN = 1.3  # bf16-mixed when the MLP block runs at least this much faster in bf16
 PRECISION_WARMUP, PRECISION_ROUNDS = 1, 4
 DEFAULT_SHAPES = {"hidden_size": 576, "intermediate_size": 1536, "tokens": 1024}  # SmolLM2-135M's MLP
 
 
-def cpu_model() -> str:
-    """The CPU's model name as `lscpu` prints it ("AMD EPYC", "Intel(R) Xeon(R) ...")."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def flags_in_cpuinfo(text: str) -> list[str]:
-    """CHOICE_FLAGS present on the first processor's `flags` (x86) or `Features` (ARM) line of
-    a /proc/cpuinfo text, sorted."""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            return sorted(set(value.split()) & set(CHOICE_FLAGS))
-    return []
-
-
-def flags_in_sysctl(text: str) -> list[str]:
-    """CHOICE_FLAGS that macOS's `sysctl hw.optional` output ("hw.optional.avx2_0: 1") sets to 1."""
-    found = set()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if value.strip() == "1" and name.strip() in SYSCTL_FLAGS:
-            found.add(SYSCTL_FLAGS[name.strip()])
-    return sorted(found)
-
-
-def cpu_flags() -> list[str]:
-    """The CPU flags that decide the measured choices (CHOICE_FLAGS present here), sorted: from
-    /proc/cpuinfo on Linux, `sysctl hw.optional` on macOS; [] where neither says. Read once
-    per process."""
-    return list(_cpu_flags())
-
-
-@functools.cache
-def _cpu_flags() -> tuple[str, ...]:
-    try:
-        return tuple(flags_in_cpuinfo(Path("/proc/cpuinfo").read_text()))
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(["sysctl", "hw.optional"], capture_output=True, text=True, timeout=5).stdout
-            return tuple(flags_in_sysctl(out))
-    return ()
-
-
-def load_per_core() -> float | None:
-    """The 1-minute load average per core (os.getloadavg over os.cpu_count); None where the
-    system has no load average."""
-    try:
-        return os.getloadavg()[0] / (os.cpu_count() or 1)
-    except (OSError, AttributeError):
-        return None
-
-
 def interleaved_minimum(candidates: Mapping[str, Callable[[], float]], rounds: int,
-                        warmup: int = 0) -> dict[str, float]:
+                        warmup: int = 0, give_up: float | None = None) -> dict[str, float]:
     """Each candidate's least seconds over `rounds` kept rounds, the candidates called round
     by round in their order (A B C A B C ...) after `warmup` rounds that are not kept (first
     calls pay for kernel selection, packing, allocation). A candidate is a callable that runs
@@ -136,16 +78,27 @@ def interleaved_minimum(candidates: Mapping[str, Callable[[], float]], rounds: i
     The minimum, not the mean or the median: another process's load only ever adds time to a
     run, so the least time over several runs is the least disturbed estimate of the cost
     itself; interleaving makes a burst of load hit every candidate's runs, not one
-    candidate's whole measurement."""
+    candidate's whole measurement.
+
+    `give_up`: after each round, a candidate whose least time so far (warm-up rounds included)
+    is more than `give_up` times the best candidate's is not run again: it has lost, and a
+    candidate many times slower (bf16 emulated on a CPU without bf16 units: ~30x) would
+    otherwise spend most of the calibration's time. Its figure is its least time so far."""
     if rounds < 1:
         raise ValueError(f"interleaved_minimum: rounds must be >= 1, got {rounds}")
     best = {name: float("inf") for name in candidates}
+    seen = dict(best)  # least time of any round, warm-up included: what `give_up` compares
+    running = list(candidates)
     for r in range(warmup + rounds):
-        for name, run in candidates.items():
-            seconds = run()
+        for name in running:
+            seconds = candidates[name]()
+            seen[name] = min(seen[name], seconds)
             if r >= warmup:
                 best[name] = min(best[name], seconds)
-    return best
+        if give_up is not None:
+            leader = min(seen[name] for name in running)
+            running = [name for name in running if seen[name] <= give_up * leader]
+    return {name: best[name] if best[name] < float("inf") else seen[name] for name in candidates}
 
 
 # ---------------------------------------------------------------------------------- the cache
@@ -242,15 +195,20 @@ def describe(key: str, entry: dict) -> str:
 # ---------------------------------------------------------------------------------- the decoder
 
 
-def calibration_key(model, rows: int) -> str:
-    config = model.config
-    device = next(model.parameters()).device
+def decoder_key(config, dtype: torch.dtype, device: torch.device, rows: int) -> str:
+    """The cache key of a decoder measurement: the machine (CPU model or GPU name), torch and its
+    threads now, the model's shape and compute dtype, the rows rounded up to a power of two."""
     bucket = 1 << max(0, (max(rows, 1) - 1).bit_length())
     where = cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
     shape = (f"{config.model_type} h{config.hidden_size} l{config.num_hidden_layers} "
-             f"v{config.vocab_size} {next(model.parameters()).dtype}")
+             f"v{config.vocab_size} {dtype}")
     return (f"{where} | torch {torch.__version__} x{torch.get_num_threads()} | {device.type} | "
             f"{shape} | rows {bucket}")
+
+
+def calibration_key(model, rows: int) -> str:
+    param = next(model.parameters())
+    return decoder_key(model.config, param.dtype, param.device, rows)
 
 
 @torch.inference_mode()
@@ -258,9 +216,10 @@ def _decode_block(model, path: str, prompt: torch.Tensor, tokens: torch.Tensor) 
     """Open decoder `path`, prefill `prompt` (one row) and repeat it to the rows of `tokens`,
     as the engine repeats a prompt for its samples; decode a step per row of `tokens`, the
     first WARMUP_STEPS not kept (MKL packs its weights in the first); the least seconds of
-    the others."""
+    the others. A block that has spent BLOCK_SECONDS in its steps times no more of them: a
+    decoder whose first step alone took that long reports that step (it has lost anyway)."""
     device = prompt.device
-    best = float("inf")
+    best, first, spent = float("inf"), float("inf"), 0.0
     with decoder(model, PROMPT_TOKENS, len(tokens) + 1, path) as dec:
         dec.prefill(prompt, torch.ones_like(prompt))
         dec.repeat(tokens.shape[1])
@@ -269,10 +228,15 @@ def _decode_block(model, path: str, prompt: torch.Tensor, tokens: torch.Tensor) 
             dec.step(step_tokens)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - start
+            spent += seconds
+            first = min(first, seconds)
             if i >= WARMUP_STEPS:
-                best = min(best, time.perf_counter() - start)
+                best = min(best, seconds)
+            if spent >= BLOCK_SECONDS:
+                break
         del dec  # freed before the block's end gives its pages back (`decoder`)
-    return best
+    return best if best < float("inf") else first
 
 
 def decoder_seconds(model, rows: int) -> dict[str, float]:
@@ -294,7 +258,7 @@ def decoder_seconds(model, rows: int) -> dict[str, float]:
     was_training = model.training
     model.eval()
     try:
-        return interleaved_minimum(blocks, DECODE_ROUNDS)
+        return interleaved_minimum(blocks, DECODE_ROUNDS, give_up=GIVE_UP)
     finally:
         model.train(was_training)
 
@@ -306,19 +270,27 @@ def measure(model, rows: int) -> dict:
     return {"fastest": min(seconds, key=seconds.get), "seconds": seconds}
 
 
+def fastest_for_key(key: str, model: Callable[[], object], rows: int) -> tuple[str, str]:
+    """(the fastest decoder under calibration `key`, where the answer came from): the cached
+    entry, or a measurement of `model()` (called only then) at `rows` rows, stored and said."""
+    entry = _cached(key, "decoder", lambda e: e.get("fastest") in CANDIDATES)
+    if entry is not None:
+        return entry["fastest"], f"cached {entry.get('measured')} in {cache_file()}"
+    load = load_per_core()
+    start = time.perf_counter()
+    entry = _record(key, "decoder", load, **measure(model(), max(rows, 1)))
+    found = ", ".join(f"{p} {s * 1e3:.1f} ms" for p, s in entry["seconds"].items())
+    print(f"[reasonrl] decoder calibration ({key}): {found} per step (least of up to "
+          f"{DECODE_ROUNDS * TIMED_STEPS} steps in {DECODE_ROUNDS} interleaved rounds, a decoder "
+          f"{GIVE_UP:g}x slower than the best dropped; load {entry['load']} per core; "
+          f"{time.perf_counter() - start:.1f} s) -> {entry['fastest']}", flush=True)
+    return entry["fastest"], "measured now: the line above"
+
+
 def fastest(model, rows: int) -> str:
     """The fastest decoder for `model` at `rows` rows here (cached; measured on a miss or when
     the entry no longer describes this machine)."""
-    key = calibration_key(model, rows)
-    entry = _cached(key, "decoder", lambda e: e.get("fastest") in CANDIDATES)
-    if entry is None:
-        load = load_per_core()
-        entry = _record(key, "decoder", load, **measure(model, max(rows, 1)))
-        found = ", ".join(f"{p} {s * 1e3:.1f} ms" for p, s in entry["seconds"].items())
-        print(f"[reasonrl] decoder calibration ({key}): {found} per step (least of "
-              f"{DECODE_ROUNDS * TIMED_STEPS} steps in {DECODE_ROUNDS} interleaved rounds, load "
-              f"{entry['load']} per core) -> {entry['fastest']}", flush=True)
-    return entry["fastest"]
+    return fastest_for_key(calibration_key(model, rows), lambda: model, rows)[0]
 
 
 def choose(model, requested: str, rows: int = 0) -> tuple[str, str | None]:
@@ -336,6 +308,15 @@ def choose(model, requested: str, rows: int = 0) -> tuple[str, str | None]:
 
 
 # ---------------------------------------------------------------------------------- the precision
+
+
+def bf16_units() -> bool | None:
+    """Whether this CPU has bf16 matrix units by its flags (AMX-BF16, AVX512-BF16, ARM's BF16):
+    True, False, or None when its flags are unknown (no /proc/cpuinfo or sysctl said nothing)."""
+    flags = cpu_flags()
+    if not flags:
+        return None
+    return any(f in flags for f in BF16_FLAGS)
 
 
 def precision_key(hidden_size: int, intermediate_size: int, tokens: int) -> str:
@@ -377,7 +358,7 @@ def precision_seconds(hidden_size: int, intermediate_size: int, tokens: int) -> 
     (`_mlp_pass`) in each dtype on this CPU, interleaved (`interleaved_minimum`)."""
     runs = {"fp32": _mlp_pass(hidden_size, intermediate_size, tokens, torch.float32),
             "bf16": _mlp_pass(hidden_size, intermediate_size, tokens, torch.bfloat16)}
-    return interleaved_minimum(runs, PRECISION_ROUNDS, PRECISION_WARMUP)
+    return interleaved_minimum(runs, PRECISION_ROUNDS, PRECISION_WARMUP, give_up=GIVE_UP)
 
 
 def precision_verdict(seconds: Mapping[str, float]) -> str:
@@ -438,6 +419,10 @@ def precision_choice(hidden_size: int, intermediate_size: int, tokens: int,
         return "fp32", f"{torch.cuda.get_device_name(device)} does not support bf16"
     if device.type != "cpu":
         return "fp32", f"no calibration for device {device.type}: fp32"
+    units = bf16_units()
+    if units is False:
+        return "fp32", (f"this CPU has no bf16 units (flags [{' '.join(cpu_flags())}]: none of "
+                        f"{', '.join(BF16_FLAGS)}): bf16 is emulated, slower than fp32 (not measured)")
     key = precision_key(hidden_size, intermediate_size, tokens)
     entry = _cached(key, "precision", _precision_entry_ok)
     if entry is None:

@@ -54,6 +54,13 @@ RESUME_CHANGEABLE = {
 }
 
 
+# Keys whose value a run decides at its start when the config leaves it to the machine (this
+# value: `auto` or 0), and saves decided (`reasonrl.train.choices`). A checkpoint saved before a
+# key was decided at start holds the undecided value: the resume's decided one is no change.
+UNDECIDED = {"model.precision": "auto", "rollout.hf_decoder": "auto", "optim.max_tokens_per_micro_batch": 0,
+             "trainer.threads": 0, "rollout.threads": 0}
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for k, v in tree.items():
@@ -85,12 +92,13 @@ def version_difference(key: str, saved: dict, current: dict) -> bool:
 
 
 def config_changes(saved: dict, current: dict) -> dict[str, tuple[object, object]]:
-    """{dotted key: (saved, current)} for every key that differs, safe keys and
-    `version_difference`s excluded."""
+    """{dotted key: (saved, current)} for every key that differs, safe keys,
+    `version_difference`s and automatic choices the checkpoint left undecided excluded."""
     a, b = flatten(saved), flatten(current)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in RESUME_SAFE_KEYS and a.get(k) != b.get(k)
-            and not ((k in a) != (k in b) and version_difference(k, a, b))}
+            and not ((k in a) != (k in b) and version_difference(k, a, b))
+            and not (k in UNDECIDED and k in a and a[k] == UNDECIDED[k])}
 
 
 def check_config_changes(path: Path, saved: dict, current: dict,

@@ -202,15 +202,17 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
     from reasonrl.rewards import check_examples, verifier_for
     from reasonrl.rng import seed_everything
     from reasonrl.rollout import check_prompt_lengths
+    from reasonrl.train.choices import decide, warn_slow_precision
 
     cfg = _without_teacher(cfg)
     preflight(cfg)
+    warn_slow_precision(cfg)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
     examples, what = load_eval_examples(cfg, data, settings.limit)
     check_examples(examples, cfg.reward)
     record_plan(examples, settings)  # a record's bad extra_info.n / pass@k fails before the model loads
-    cfg = _eval_config(cfg, settings)
+    cfg = decide(_eval_config(cfg, settings))  # the decoder, precision, budget: once, said
     t = time.perf_counter()
     workers = build_workers(cfg)
     try:

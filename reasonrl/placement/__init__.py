@@ -56,21 +56,30 @@ __all__ = ["DEFAULT_POSITIONS", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic
            "Workers", "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic",
            "make_policy", "make_rollout", "make_teacher", "model_positions", "preflight", "receive",
            "rollout_process_worker",
-           "share_weights", "snapshot_sync", "unshare_weights", "value_model", "with_precision"]
+           "precision_decision", "share_weights", "snapshot_sync", "unshare_weights", "value_model",
+           "with_precision"]
 
 
-def with_precision(cfg: Config) -> Config:
-    """`cfg` with `model.precision=auto` resolved to the precision a calibration on this machine
-    picked (`reasonrl.policy.precision.resolve`; said in one console line), before any model
-    loads: every worker, actor and rollout process is then given the same answer, and a run's
-    saved config.yaml holds it (a resume keeps its precision). Other values: `cfg` unchanged."""
-    if cfg.model.precision != "auto":
-        return cfg
+def precision_decision(cfg: Config) -> tuple[str, str | None]:
+    """(the precision `model.precision` resolves to here, the console line saying why; None
+    when it was not `auto`): `reasonrl.policy.precision.resolve` at the policy's device and a
+    micro-batch's positions."""
     policy_gpus = cfg.placement.mode == "ray" and cfg.placement.policy.num_gpus > 0
     device = "cuda" if policy_gpus else str(resolve_device(cfg.placement.device))
     rows = cfg.optim.micro_batch_size * (cfg.rollout.max_new_tokens + cfg.data.max_prompt_tokens // 4)
     tokens = max(64, min(2048, rows))  # a micro-batch's positions, about
-    precision, why = resolve(cfg.model.precision, cfg.model.path, cfg.model.revision, tokens, device)
+    return resolve(cfg.model.precision, cfg.model.path, cfg.model.revision, tokens, device)
+
+
+def with_precision(cfg: Config) -> Config:
+    """`cfg` with `model.precision=auto` resolved to the precision a calibration on this machine
+    picked (`precision_decision`; said in one console line), before any model loads: every
+    worker, actor and rollout process is then given the same answer. A run decides it once, with
+    its other automatic choices, and saves it (`reasonrl.train.choices`); here for callers that
+    build workers from a config that still says `auto`. Other values: `cfg` unchanged."""
+    if cfg.model.precision != "auto":
+        return cfg
+    precision, why = precision_decision(cfg)
     print(why, flush=True)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 

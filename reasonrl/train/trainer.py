@@ -27,7 +27,7 @@ from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, r
 from reasonrl.config import Config, TeacherConfig, to_dict
 from reasonrl.data import load_examples
 from reasonrl.evaluate import eval_settings, record_plan
-from reasonrl.placement import build_workers, preflight, with_precision
+from reasonrl.placement import build_workers, preflight
 from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
@@ -37,6 +37,8 @@ from reasonrl.source import BatchSource, make_source, trainer_threads
 from reasonrl.tracking import Tracker, counted
 from reasonrl.train.advantage_stage import estimate_advantages
 from reasonrl.train.bad_steps import BadSteps
+from reasonrl.train.choices import decide as decide_choices
+from reasonrl.train.choices import warn_slow_precision
 from reasonrl.train.run_dir import RunDir, StopSignals, checkpoint_state, checkpoint_step, extend_command
 from reasonrl.train.step_metrics import (
     ZeroRewardWatch,
@@ -118,23 +120,29 @@ class Trainer:
         (its checkpoint at trainer.steps) loads no model: `fit` says so and trains nothing."""
         self.cfg, t, r = cfg, cfg.trainer, cfg.rollout
         preflight(cfg)  # a missing extra or resource fails now, before any model loads
-        torch.set_num_threads(trainer_threads(cfg))  # shared with a rollout process beside, if any
+        warn_slow_precision(cfg)  # an explicit bf16 on a CPU without bf16 units: said before anything
         self.train_examples, self.held_out = load_examples(cfg.data, t.seed)
         if t.epochs > 0:
             self.cfg = cfg = with_epochs(cfg, len(self.train_examples))
             t = cfg.trainer
             print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
                   f"prompts, {t.batch_size // r.n} per step)", flush=True)
-        self.cfg = cfg = with_precision(cfg)  # model.precision=auto decided once: the saved config holds it
-        check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
-        progress = t.progress and "console" in cfg.tracking.backends  # the held-out eval's bar
-        self.eval_settings = eval_settings(cfg, entropy=False, progress=progress)
-        record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
         self.overwrite, self.workers = overwrite, None
         self.source: BatchSource | None = None  # built with the workers (none for a finished run)
         self.run = RunDir.locate(cfg)  # a resumed run's lock (a new run's: in `fit`) until `fit` ends
         try:
             RunDir.check_new(cfg, overwrite)  # a run already in the folder: refused before the model loads
+            # the automatic choices (decoder, precision, budget, threads), once: a resume takes the
+            # checkpoint's, a new run decides them now; the saved config holds them
+            state = checkpoint_state(self.run.checkpoint) if self.run.checkpoint is not None else None
+            saved = (state or {}).get("config")
+            self.cfg = cfg = decide_choices(cfg, saved if isinstance(saved, dict) else None)
+            t = cfg.trainer
+            torch.set_num_threads(trainer_threads(cfg))  # shared with a rollout process beside, if any
+            check_examples(self.train_examples + self.held_out, cfg.reward)  # bad ground truth: fail now
+            progress = t.progress and "console" in cfg.tracking.backends  # the held-out eval's bar
+            self.eval_settings = eval_settings(cfg, entropy=False, progress=progress)
+            record_plan(self.held_out, self.eval_settings)  # a record's bad extra_info.n / pass@k: fail now
             done = checkpoint_step(self.run.checkpoint) if self.run.checkpoint is not None else None
             self.finished = done if done is not None and done >= t.steps else None  # resumed at its end
             if self.finished is not None:  # a changed config is refused as for any resume
