@@ -34,6 +34,8 @@ from reasonrl.registry import (
     needs_critic,
 )
 
+MIN_REWARD_MEMORY_MB = 512  # reward.max_memory_mb's least bound (0 aside)
+
 
 def need(ok: bool, msg: str) -> None:
     """A rule: ConfigError(msg) unless `ok`."""
@@ -126,6 +128,11 @@ def reward_rules(cfg: Config) -> None:
          "data.piecewise.train_variants=0 and data.piecewise.val_variants=0")
     need(not rw.fn or (":" in rw.fn and all(rw.fn.rpartition(":")[::2])),
          f"reward.fn: expected module:function or path/file.py:function, got {rw.fn!r}")
+    # a reward worker's interpreter and imports (torch among them) take ~0.3 GB before any call
+    need(rw.max_memory_mb == 0 or rw.max_memory_mb >= MIN_REWARD_MEMORY_MB,
+         f"reward.max_memory_mb: {rw.max_memory_mb} MB is too little for a reward worker, whose interpreter "
+         f"and imports take ~300 MB before the reward function runs: give >= {MIN_REWARD_MEMORY_MB}, or 0 "
+         "for no bound")
     reward_model_rules(cfg)
 
 

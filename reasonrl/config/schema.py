@@ -241,6 +241,9 @@ class RewardConfig:
     isolate_fn: bool = True  # run reward.fn in a worker process, with reward.timeout
     timeout: float = param(5.0, gt=0)  # seconds per sample for out-of-process verifiers (math, reward.fn)
     num_workers: int = param(2, ge=1)  # reward worker processes
+    # memory of each reward worker process (MB, its interpreter and imports included, ~0.3 GB): a call
+    # past it scores 0 as "out of memory" (reward/errors); 0 = no bound. Not reward.model's worker
+    max_memory_mb: int = param(2048, ge=0, zero="no bound")
     countdown_format_score: float = param(0.1, ge=0, le=1)  # countdown: an equation was given but is wrong
     # countdown scoring (COUNTDOWN_SCORING): subset = each number at most once, format_score for a
     # well-formed wrong equation; tinyzero = each number exactly once, format_score for any answer

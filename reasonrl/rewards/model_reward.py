@@ -59,7 +59,7 @@ def _target(kind: str) -> str:
 @REWARD_MODEL_HOSTS.register("process")
 def process_host(spec: dict) -> WorkerPool:
     """a reward-model worker process beside the process that scores"""
-    return WorkerPool(1, memory_limit=False, load_timeout=spec["load_timeout"])
+    return WorkerPool(1, max_memory_mb=0, load_timeout=spec["load_timeout"])  # a model: no memory bound
 
 
 def host_for(spec: dict):

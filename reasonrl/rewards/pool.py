@@ -16,6 +16,7 @@ import atexit
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOAD_TIMEOUT = 120.0  # seconds to import a target in a fresh worker (sympy is slow on a busy box)
+MAX_MEMORY_MB = 2048  # a worker's memory bound by default (reward.max_memory_mb; worker.bound_memory)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Outcome:
     timed_out: bool = False
     error: str | None = None
     ground_truth_error: bool = False  # the function raised GroundTruthError: a data bug
+    out_of_memory: bool = False  # `error` is a MemoryError: the worker's memory bound was reached
 
 
 def hard_deadline(timeout: float) -> float:
@@ -69,8 +72,8 @@ def _child_env() -> dict[str, str]:
 
 
 class _Worker:
-    def __init__(self, memory_limit: bool = True) -> None:
-        flags = [] if memory_limit else ["--no-memory-limit"]
+    def __init__(self, max_memory_mb: int = MAX_MEMORY_MB) -> None:
+        flags = ["--max-memory-mb", str(max_memory_mb)]
         self.proc = subprocess.Popen([sys.executable, "-m", "reasonrl.rewards.worker", *flags],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env())
         self.fd = self.proc.stdout.fileno()
@@ -124,6 +127,24 @@ class _Worker:
                 pass
 
 
+def exit_text(proc: subprocess.Popen) -> str:
+    """A dead worker's exit status in words: "code 3", or "code -9, SIGKILL: ..." for a signal
+    (SIGKILL is what the system's out-of-memory killer sends: a worker past the machine's memory,
+    where reward.max_memory_mb does not bound it first)."""
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # its stdout closed, the process not yet reaped
+        return "code unknown"
+    if code >= 0:
+        return f"code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"code {code}"
+    why = ": the out-of-memory killer, or another process" if name == "SIGKILL" else ""
+    return f"code {code}, {name}{why}"
+
+
 def request_of(call: Call, timeout: float) -> dict:
     """The worker's request for `call` (`reasonrl.rewards.worker`), its soft timer at `timeout`."""
     message = {"target": call.target, "completion": call.completion, "ground_truth": call.ground_truth,
@@ -157,19 +178,19 @@ def outcome_of(reply: dict) -> Outcome:
     if "ground_truth_error" in reply:
         return Outcome(error=reply["ground_truth_error"], ground_truth_error=True)
     if "error" in reply:
-        return Outcome(error=reply["error"])
+        return Outcome(error=reply["error"], out_of_memory=bool(reply.get("memory")))
     return Outcome(value=reply.get("value"))
 
 
 class WorkerPool:
-    """Up to `size` worker processes, started on first use and restarted after a kill.
-    `memory_limit`: the workers' address space is capped (`worker.MEMORY_LIMIT`; off for a model's
-    worker, whose weights and CUDA mappings need more); `load_timeout`: seconds to import a target
-    and run its warmup."""
+    """Up to `size` worker processes, started on first use and restarted after a kill or a
+    death. `max_memory_mb`: each worker's memory bound (`worker.bound_memory`; 0: none, for a
+    model's worker, whose weights and CUDA mappings need more); `load_timeout`: seconds to import
+    a target and run its warmup."""
 
-    def __init__(self, size: int = 2, memory_limit: bool = True, load_timeout: float = LOAD_TIMEOUT):
+    def __init__(self, size: int = 2, max_memory_mb: int = MAX_MEMORY_MB, load_timeout: float = LOAD_TIMEOUT):
         self.size = max(1, size)
-        self.memory_limit, self.load_timeout = memory_limit, load_timeout
+        self.max_memory_mb, self.load_timeout = max_memory_mb, load_timeout
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self.killed = 0  # workers killed at their deadline (for tests and curiosity)
@@ -183,7 +204,7 @@ class WorkerPool:
         """Load `target` (with its `warmup`) in a worker now, kept for the calls to come; the
         error text if that fails."""
         with self._lock:
-            worker = self._idle.pop() if self._idle else _Worker(self.memory_limit)
+            worker = self._idle.pop() if self._idle else _Worker(self.max_memory_mb)
             try:
                 error = self._load(worker, target, warmup)
             except OSError as err:  # a broken pipe: the worker is gone
@@ -235,8 +256,8 @@ class WorkerPool:
                         results[i] = _outcome(line)
                         self._idle.append(worker)
                     elif dead:
-                        results[i] = Outcome(error=f"reward worker exited (code {worker.proc.poll()})")
-                        self._retire(worker)
+                        results[i] = Outcome(error=f"reward worker exited ({exit_text(worker.proc)})")
+                        self._retire(worker)  # the next call starts a new one
                     else:
                         results[i] = Outcome(timed_out=True)
                         self.killed += 1
@@ -248,7 +269,7 @@ class WorkerPool:
         message = request_of(call, timeout)
         error = None
         for _ in range(2):
-            worker = self._idle.pop() if self._idle else _Worker(self.memory_limit)
+            worker = self._idle.pop() if self._idle else _Worker(self.max_memory_mb)
             try:
                 error = self._load(worker, call.target, call.warmup)
                 if error is None:
@@ -269,14 +290,16 @@ class WorkerPool:
             self._idle.clear()
 
 
-_POOLS: dict[int, WorkerPool] = {}
+_POOLS: dict[tuple[int, int], WorkerPool] = {}
 
 
-def get_pool(size: int) -> WorkerPool:
-    """The process-wide pool of `size` workers: start-up is paid once per process."""
-    if size not in _POOLS:
-        _POOLS[size] = WorkerPool(size)
-    return _POOLS[size]
+def get_pool(size: int, max_memory_mb: int = MAX_MEMORY_MB) -> WorkerPool:
+    """The process-wide pool of `size` workers with that memory bound: start-up is paid once per
+    process."""
+    key = (size, max_memory_mb)
+    if key not in _POOLS:
+        _POOLS[key] = WorkerPool(size, max_memory_mb)
+    return _POOLS[key]
 
 
 @atexit.register

@@ -122,11 +122,12 @@ def call_reward(verifier: Verifier, completions: list[str], ground_truths: list[
     if verifier.isolated and verifier.batch:
         batch = dict(zip(("completions", "ground_truths", "groups", "extra_infos"), columns, strict=True))
         call = Call(verifier.target, "", "", options=options, batch=batch)
-        return _split(get_pool(verifier.workers).run([call], verifier.timeout * n)[0], n)
+        pool = get_pool(verifier.workers, verifier.max_memory_mb)
+        return _split(pool.run([call], verifier.timeout * n)[0], n)
     if verifier.isolated:
         calls = [Call(verifier.target, c, g, e, options)
                  for c, g, e in zip(completions, ground_truths, extra_infos, strict=True)]
-        return get_pool(verifier.workers).run(calls, verifier.timeout)
+        return get_pool(verifier.workers, verifier.max_memory_mb).run(calls, verifier.timeout)
     loaded = _call_here(verifier.fn)  # a function that does not load fails every row
     if loaded.error is not None:
         return [loaded] * n
@@ -163,6 +164,9 @@ def _read(out: Outcome, verifier: Verifier, rows: int) -> tuple[float, dict[str,
     if out.timed_out:
         limit = verifier.timeout * (rows if verifier.batch else 1)  # a batch call: reward.timeout per row
         return 0.0, {}, f"timed out (reward.timeout: {limit:g} s)"
+    if out.out_of_memory:  # a worker's MemoryError: its bound (or the machine) ran out
+        bound = f"{verifier.max_memory_mb} MB" if verifier.max_memory_mb else "no bound"
+        return 0.0, {}, f"out of memory (reward.max_memory_mb: {bound}): {out.error}"
     if out.error is not None:
         return 0.0, {}, out.error
     try:

@@ -43,7 +43,7 @@ from typing import Any
 from reasonrl.errors import ConfigError, GroundTruthError
 from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.model_reward import check_reward_model
-from reasonrl.rewards.pool import Call, get_pool
+from reasonrl.rewards.pool import MAX_MEMORY_MB, Call, get_pool
 
 # The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
 # names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
@@ -63,6 +63,7 @@ class Verifier:
     timeout: float = 5.0
     workers: int = 2
     batch: bool = False  # reward.batch_fn: one call for every sample of a batch
+    max_memory_mb: int = MAX_MEMORY_MB  # isolated: each worker's memory bound (0: none)
 
     def fn(self) -> Callable[..., Any]:
         return load_target(self.target)
@@ -83,25 +84,29 @@ def task_for_source(data_source: str) -> str:
     return "numeric"
 
 
-def task_verifier(task: str, options: dict[str, Any], timeout: float = 5.0, workers: int = 2) -> Verifier:
+def task_verifier(task: str, options: dict[str, Any], timeout: float = 5.0, workers: int = 2,
+                  max_memory_mb: int = MAX_MEMORY_MB) -> Verifier:
     """The verifier of a `VERIFIERS` task with these option values."""
     entry = VERIFIERS[task]
     target = f"{entry.fn.__module__}:{entry.fn.__name__}"
-    return Verifier(task, target, tuple(sorted(options.items())), entry.info["isolated"], timeout, workers)
+    return Verifier(task, target, tuple(sorted(options.items())), entry.info["isolated"], timeout, workers,
+                    max_memory_mb=max_memory_mb)
 
 
 def make_verifier(task: str, cfg) -> Verifier:
     """The verifier for `task` with the options of a RewardConfig `cfg`."""
     if task == "custom":
-        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers)
+        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers,
+                        max_memory_mb=cfg.max_memory_mb)
     options = {kw: getattr(cfg, field) for kw, field in VERIFIERS[task].info.get("options", {}).items()}
-    return task_verifier(task, options, cfg.timeout, cfg.num_workers)
+    return task_verifier(task, options, cfg.timeout, cfg.num_workers, cfg.max_memory_mb)
 
 
 def verifier_for(data_source: str, cfg) -> Verifier:
     """reward.batch_fn > reward.fn > reward.task > the data_source (reward.task=auto)."""
     if cfg.batch_fn:
-        return Verifier("batch", cfg.batch_fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers, batch=True)
+        return Verifier("batch", cfg.batch_fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers, batch=True,
+                        max_memory_mb=cfg.max_memory_mb)
     if cfg.fn:
         return make_verifier("custom", cfg)
     task = cfg.task if cfg.task != "auto" else task_for_source(data_source)
@@ -223,7 +228,7 @@ def check_examples(examples: list, cfg) -> None:
         target = f"{check.__module__}:{check.__name__}"
         options = dict(make_verifier(task, cfg).options)  # the check reads as the verifier will
         calls = [Call(target, "", truth, options=options) for truth in firsts]
-        outcomes = get_pool(cfg.num_workers).run(calls, cfg.timeout)
+        outcomes = get_pool(cfg.num_workers, cfg.max_memory_mb).run(calls, cfg.timeout)
         for e, out in zip(firsts.values(), outcomes, strict=True):
             if out.ground_truth_error or out.timed_out or out.error is not None:
                 why = (out.error if out.ground_truth_error else

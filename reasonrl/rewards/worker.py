@@ -6,10 +6,12 @@ Reads one JSON request per line on stdin, answers one JSON line on its own copy 
   {"target", "completion", "ground_truth", "extra_info", "options", "timeout"}
                                                          -> {"value": ...} | {"timeout": true}
                                                             | {"error": "..."} | {"ground_truth_error": "..."}
+                                                            | {"error": "MemoryError...", "memory": true}
   the same with "batch": {"completions", "ground_truths", "groups", "extra_infos"}: one call
   fn(completions, ground_truths, groups, extra_infos, **options) -> {"value": [...]} | ...
-Anything the reward function prints goes to stderr, so it cannot corrupt the replies. Its address
-space is capped at MEMORY_LIMIT, unless started with --no-memory-limit (a model's worker).
+Anything the reward function prints goes to stderr, so it cannot corrupt the replies. Its memory
+is bounded by `--max-memory-mb N` (reward.max_memory_mb; 0: no bound, a model's worker), see
+`bound_memory`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import signal
 import sys
 
-MEMORY_LIMIT = 4 << 30  # bytes of address space: a huge integer fails fast instead of swapping
+_BOUND_MB = 0  # this worker's memory bound (MB, 0: none), for the messages
 
 
 class _SoftTimeout(BaseException):
@@ -47,6 +49,9 @@ def _answer(out, reply: dict) -> None:
         text = json.dumps(reply, allow_nan=True)
     except (TypeError, ValueError) as err:
         text = json.dumps({"error": f"reward returned a value that is not a number or dict: {err}"})
+    except MemoryError:
+        text = json.dumps({"error": "MemoryError: the reward's value is too large to send back",
+                           "memory": True})
     out.write(text + "\n")
     out.flush()
 
@@ -81,7 +86,9 @@ def load_reply(request: dict) -> dict:
             warmup(**request.get("warmup") or {})
         return {"value": None}
     except BaseException as err:  # noqa: BLE001 - as a call's (`_failure`)
-        return {"error": f"cannot load {request['load']}: {_failure(err)}"}
+        bound = (f" (the worker's memory bound, reward.max_memory_mb={_BOUND_MB}, is too small to load it)"
+                 if isinstance(err, MemoryError) and _BOUND_MB else "")
+        return {"error": f"cannot load {request['load']}: {_failure(err)}{bound}"}
 
 
 def call_reply(request: dict, timer: bool = True) -> dict:
@@ -111,20 +118,53 @@ def call_reply(request: dict, timer: bool = True) -> dict:
         return {"timeout": True}
     except GroundTruthError as err:
         return {"ground_truth_error": str(err)}
+    except MemoryError as err:  # past the bound (`bound_memory`): answered once the block is left
+        try:
+            memory = f"MemoryError: {err}" if str(err) else "MemoryError"
+        except MemoryError:
+            memory = "MemoryError"
     except BaseException as err:  # noqa: BLE001 - KeyboardInterrupt and SystemExit too (`_failure`)
         return {"error": _failure(err)}
+    # here the exception is gone, and with it the frames that held what filled the memory
+    return {"error": memory[:2000], "memory": True}
+
+
+def bound_memory(megabytes: int) -> None:
+    """Bound this process's memory to `megabytes` (0: no bound), the interpreter and its imports
+    included (~0.3 GB here: the worker imports torch), so that a reward function that grows (a
+    huge integer, a cache, a leak) gets a MemoryError, which scores 0 as "out of memory" and
+    leaves the worker alive, instead of taking the machine's memory from the run (each worker
+    could take 4 GiB before). RLIMIT_DATA rather than the tool sandbox's RLIMIT_AS: it counts what the
+    process allocates (heap, anonymous mappings, thread stacks) and not the shared libraries it
+    maps nor address space reserved and unused (torch's imports map ~0.4 GB more, glibc reserves
+    64 MiB per thread's arena), so the number reads as memory and a threaded library does not
+    fail by its reservations alone. Soft and hard limit both: the function cannot lift it. Where
+    it cannot be set (another OS, a lower hard limit already) the worker says so on stderr."""
+    global _BOUND_MB
+    if megabytes <= 0:
+        return
+    try:
+        import resource
+
+        limit = megabytes << 20
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        if hard != resource.RLIM_INFINITY and hard < limit:  # already bounded lower: kept
+            print(f"[reasonrl] reward worker {os.getpid()}: memory bounded at {hard >> 20} MB, the hard "
+                  f"RLIMIT_DATA it was started with, below reward.max_memory_mb={megabytes}",
+                  file=sys.stderr, flush=True)
+            limit = hard
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        _BOUND_MB = limit >> 20
+    except (ImportError, AttributeError, ValueError, OSError) as err:
+        print(f"[reasonrl] reward worker {os.getpid()}: its memory is not bounded (reward.max_memory_mb="
+              f"{megabytes}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the function's prints go to stderr
-    if "--no-memory-limit" not in sys.argv[1:]:  # a model's worker (reward.model) goes without
-        try:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-        except (ImportError, ValueError, OSError):
-            pass
+    args = sys.argv[1:]
+    bound_memory(int(args[args.index("--max-memory-mb") + 1]) if "--max-memory-mb" in args else 0)
     signal.signal(signal.SIGALRM, _on_alarm)
     # Ctrl-C in a terminal reaches the whole process group: the trainer finishes its step
     # (scoring included) and saves, so the worker must not die of it. It exits on stdin EOF.

@@ -153,7 +153,7 @@ def test_a_pooled_reward_raising_keyboard_interrupt_or_exit_is_an_error_like_any
             return Verifier("custom", f"{HOSTILE}:{name}", (), True, 5.0, 2)
 
         assert score(["a", "b"], ["1", "1"], {"correct": 1.0}, verifiers=[custom("one")] * 2).errors == 0
-        workers = pool._POOLS[2]
+        workers = pool.get_pool(2)
         started = sorted(w.proc.pid for w in workers._idle)
         names = ["interrupts", "exits", "one", "interrupts", "exits"]
         scores = score(["a"] * 5, ["1"] * 5, {"correct": 1.0}, verifiers=[custom(n) for n in names],
@@ -197,6 +197,88 @@ def test_a_run_whose_reward_raises_keyboard_interrupt_prints_one_line_and_no_tra
         f"reward.fn {HOSTILE}:interrupts: KeyboardInterrupt; stopping")
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["reward/errors"] for r in rows if "reward/errors" in r] == [8.0, 8.0]
+
+
+# a reward worker's memory: bounded by reward.max_memory_mb (issue 40)
+
+def test_a_reward_past_its_workers_memory_bound_is_out_of_memory_and_the_worker_lives_on(monkeypatch):
+    """A reward worker grew to whatever its function took (~4 GiB each). Now each is bounded
+    (RLIMIT_DATA, set in the worker at start): a call past the bound gets a MemoryError, scores
+    0 and is counted as "out of memory", the worker answers the next call. The hogs allocate 3x
+    the bound they read from the worker and refuse to run without one, so none can take the
+    machine's memory; the verdict is the kernel's refusal, not a race against the clock."""
+    from reasonrl.rewards import pool
+    from reasonrl.rewards.scoring import score
+    from reasonrl.rewards.verifiers import Verifier
+
+    monkeypatch.setattr(pool, "_POOLS", {})
+    try:
+        def custom(name: str, batch: bool = False) -> Verifier:
+            return Verifier("batch" if batch else "custom", f"{HOSTILE}:{name}", (), True, 30.0, 1, batch,
+                            max_memory_mb=512)
+
+        bound = score(["a"], ["1"], {"correct": 1.0}, verifiers=[custom("memory_bound_mb")])
+        assert bound.total.tolist() == [512.0]  # the worker's own RLIMIT_DATA
+        workers = pool.get_pool(1, 512)
+        started = [w.proc.pid for w in workers._idle]
+        names = ["hog", "one", "grower", "one"]
+        scores = score(["a"] * 4, ["1"] * 4, {"correct": 1.0}, verifiers=[custom(n) for n in names],
+                       dtype=torch.float32)
+        assert scores.total.tolist() == [0.0, 1.0, 0.0, 1.0]
+        assert (scores.errors, scores.timeouts) == (2, 0)
+        why = f"reward.fn {HOSTILE}:{{}}: out of memory (reward.max_memory_mb: 512 MB): MemoryError"
+        assert scores.failures[0] == why.format("hog") and scores.failures[2] == why.format("grower")
+        assert scores.failures[1] is None and scores.failures[3] is None
+        from reasonrl.rewards.failures import failure_kind
+
+        assert failure_kind(scores.failures[0]) == f"reward.fn {HOSTILE}:hog: out of memory"
+        assert [w.proc.pid for w in workers._idle] == started and workers.killed == 0  # the same worker
+    finally:
+        for each in pool._POOLS.values():
+            each.close()
+
+
+def test_a_reward_worker_that_dies_is_counted_and_replaced(monkeypatch):
+    """A worker ended from outside (SIGKILL, as the out-of-memory killer sends) scores its call
+    0, counted, with the signal named; the next call gets a new worker."""
+    from reasonrl.rewards import pool
+    from reasonrl.rewards.scoring import score
+    from reasonrl.rewards.verifiers import Verifier
+
+    monkeypatch.setattr(pool, "_POOLS", {})
+    try:
+        def custom(name: str) -> Verifier:
+            return Verifier("custom", f"{HOSTILE}:{name}", (), True, 30.0, 1, max_memory_mb=512)
+
+        assert score(["a"], ["1"], {"correct": 1.0}, verifiers=[custom("one")]).errors == 0
+        workers = pool.get_pool(1, 512)
+        first = workers._idle[0].proc.pid
+        scores = score(["a", "b"], ["1", "1"], {"correct": 1.0}, verifiers=[custom("killed"), custom("one")])
+        assert scores.total.tolist() == [0.0, 1.0] and (scores.errors, scores.timeouts) == (1, 0)
+        assert scores.failures[0] == (f"reward.fn {HOSTILE}:killed: reward worker exited (code -9, SIGKILL: "
+                                      "the out-of-memory killer, or another process)")
+        assert [w.proc.pid for w in workers._idle] != [first] and len(workers._idle) == 1  # replaced
+    finally:
+        for each in pool._POOLS.values():
+            each.close()
+
+
+def test_the_memory_bound_is_a_config_key_and_a_models_worker_has_none(monkeypatch):
+    from reasonrl.errors import ConfigError
+    from reasonrl.rewards import model_reward
+    from reasonrl.rewards.verifiers import verifier_for
+
+    cfg = load_config(SMOKE, ["reward.fn=x.py:f", "reward.max_memory_mb=1024"])
+    assert verifier_for("arithmetic", cfg.reward).max_memory_mb == 1024
+    assert verifier_for("math", load_config(SMOKE, ["reward.max_memory_mb=0"]).reward).max_memory_mb == 0
+    assert load_config(SMOKE).reward.max_memory_mb == 2048
+    with pytest.raises(ConfigError, match=r"^reward.max_memory_mb: 100 MB is too little for a reward worker, "
+                                          r"whose interpreter and imports take ~300 MB before the reward "
+                                          r"function runs: give >= 512, or 0 for no bound$"):
+        load_config(SMOKE, ["reward.max_memory_mb=100"])
+    with pytest.raises(ConfigError, match=r"^reward.max_memory_mb: must be > 0, or 0 for no bound, got -1$"):
+        load_config(SMOKE, ["reward.max_memory_mb=-1"])
+    assert model_reward.process_host({"load_timeout": 1.0}).max_memory_mb == 0  # it loads a model
 
 
 # data: one enormous line

@@ -397,7 +397,7 @@ def test_a_pooled_worker_loads_a_module_target_from_the_working_directory_of_now
     try:
         monkeypatch.chdir(first)
         two = score_examples(["7", "7"], examples_for(["7", "7"]), custom_cfg("keyword"))  # both workers
-        assert two.total.tolist() == [1.0, 1.0] and len(pool._POOLS[2]._idle) == 2
+        assert two.total.tolist() == [1.0, 1.0] and len(pool.get_pool(2)._idle) == 2
         monkeypatch.chdir(second)
         first.rmdir()  # the workers' starting directory is gone
         cfg = RewardConfig(fn="rewards_of_now:fn", weights={"correct": 2.0})
