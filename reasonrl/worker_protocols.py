@@ -114,8 +114,9 @@ class TeacherWorkerAPI(Protocol):
 
 
 class RolloutWorkerAPI(Protocol):
-    def encode(self, example: Example) -> list[int]:
-        """The prompt's token ids (DataError when it is longer than allowed)."""
+    def encode(self, example: Example, whole: bool = False) -> list[int]:
+        """The prompt's token ids (DataError when it is longer than allowed, or its last
+        data.max_prompt_tokens under data.truncate_prompts=left); `whole`: all, unchecked."""
         ...
 
     def rollout(self, examples: list[Example], params: SamplingParams,

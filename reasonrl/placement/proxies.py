@@ -191,9 +191,9 @@ class RemoteRollout(RemoteWorker):
         super().__init__(group)
         self._encoder = encoder
 
-    def encode(self, example) -> list[int]:
+    def encode(self, example, whole: bool = False) -> list[int]:
         """Rendered here (the same code, no engine needed): no round trip per prompt."""
-        return self._encoder.encode(example)
+        return self._encoder.encode(example, whole)
 
     def rollout(self, examples, params, seeds: list[int] | None = None) -> Rollouts:
         """The replicas' shares of `examples`, merged in order. The seeds are drawn here, from

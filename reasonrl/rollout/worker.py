@@ -21,24 +21,53 @@ from reasonrl.rollout.episodes import EpisodeRunner, ObservationEncoder
 from reasonrl.weights import checksums_match
 
 
-def check_prompt_lengths(rollout, examples: list[Example], max_prompt_tokens: int, shown: int = 10) -> None:
-    """Encode every example through `rollout` (a rollout worker or its proxy, whose `encode` runs
+def where_of(example: Example) -> str:
+    """How a message names a prompt: its file:line, else its first characters."""
+    return example.meta.get("origin", repr(str(example.prompt)[:60]))
+
+
+def prompt_cuts(rollout, examples: list[Example], max_prompt_tokens: int) -> list[int]:
+    """Per example, the tokens its prompt has past `max_prompt_tokens` (0: it fits): what
+    `data.truncate_prompts=left` cuts from its start. `rollout` is a rollout worker or its proxy."""
+    return [max(0, len(rollout.encode(e, whole=True)) - max_prompt_tokens) for e in examples]
+
+
+def check_prompt_lengths(rollout, examples: list[Example], max_prompt_tokens: int, shown: int = 10,
+                         held_out: list[Example] | None = None) -> dict[str, int]:
+    """Encode every example (a run's train set, then its `held_out` set; None: one set, as
+    `reasonrl eval` has) through `rollout` (a rollout worker or its proxy, whose `encode` runs
     here): a DataError listing every prompt longer than `max_prompt_tokens` (the first `shown`
     with their file:line and length, then how many more), so that a run stops at start-up with
     all of them rather than at the first, or at step 500. Under `data.truncate_prompts=left`
-    `encode` cuts them instead and nothing is raised."""
-    too_long: list[PromptTooLong] = []
-    for example in examples:
-        try:
-            rollout.encode(example)
-        except PromptTooLong as err:
-            too_long.append(err)
-    if too_long:
-        listed = "; ".join(f"{e.where} ({e.tokens} tokens)" for e in too_long[:shown])
-        more = f"; and {len(too_long) - shown} more" if len(too_long) > shown else ""
-        raise DataError(f"{len(too_long)} prompt(s) longer than data.max_prompt_tokens={max_prompt_tokens}: "
+    the worker cuts them instead (it does not raise for the first): nothing is raised, and since
+    a cut prompt loses its start (a system prompt, the first lines of a question) without a word
+    otherwise, one line says how many of each set are cut and by how many tokens at most.
+    Returns {"train", "held_out": prompts cut, "most": tokens cut from one prompt}."""
+    split, held_out = held_out is not None, held_out or []  # split: train (and held-out) prompts
+    everything = examples + held_out
+    cuts = prompt_cuts(rollout, everything, max_prompt_tokens)
+    longer = [i for i, cut in enumerate(cuts) if cut > 0]
+    summary = {"train": sum(c > 0 for c in cuts[:len(examples)]),
+               "held_out": sum(c > 0 for c in cuts[len(examples):]), "most": max(cuts, default=0)}
+    if not longer:
+        return summary
+    try:
+        rollout.encode(everything[longer[0]])  # the worker's own rule: refused, or cut from the left
+    except PromptTooLong:
+        listed = "; ".join(f"{where_of(everything[i])} ({cuts[i] + max_prompt_tokens} tokens)"
+                           for i in longer[:shown])
+        more = f"; and {len(longer) - shown} more" if len(longer) > shown else ""
+        raise DataError(f"{len(longer)} prompt(s) longer than data.max_prompt_tokens={max_prompt_tokens}: "
                         f"{listed}{more}. Raise data.max_prompt_tokens, shorten them, or cut them from the "
-                        "left with data.truncate_prompts=left")
+                        "left with data.truncate_prompts=left") from None
+    most = max(longer, key=lambda i: cuts[i])
+    sets = f"{summary['train']} of {len(examples)} {'train ' if split else ''}prompts"
+    if held_out:
+        sets += f" and {summary['held_out']} of {len(held_out)} held-out prompts"
+    print(f"[reasonrl] data.truncate_prompts=left: {sets} are longer than data.max_prompt_tokens="
+          f"{max_prompt_tokens} and are cut from the left, by at most {summary['most']} tokens "
+          f"({where_of(everything[most])})", flush=True)
+    return summary
 
 
 def check_chat_observations(tokenizer, role: str) -> None:
@@ -69,17 +98,17 @@ class RolloutWorker:
         self.policy_version = 0  # the policy step whose weights the engine serves
         self.pushes = 0  # weight pushes so far (an engine may verify every k-th by a probe)
 
-    def encode(self, example: Example) -> list[int]:
+    def encode(self, example: Example, whole: bool = False) -> list[int]:
         """The prompt's token ids. Longer than `max_prompt_tokens`: `PromptTooLong` (a DataError
         naming the record), or with `truncate_prompts="left"` its last `max_prompt_tokens`
         tokens (TRL's left truncation: the end of the prompt, where the question and the
-        generation prompt are, is kept)."""
+        generation prompt are, is kept). `whole`: all of them, unchecked (to count what is cut)."""
         text = render_prompt(example, self.tokenizer, self.apply_chat_template, self.system_prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > self.max_prompt_tokens:
+        if len(ids) > self.max_prompt_tokens and not whole:
             if self.truncate_prompts == "left":
                 return ids[-self.max_prompt_tokens:]
-            where = example.meta.get("origin", repr(str(example.prompt)[:60]))
+            where = where_of(example)
             raise PromptTooLong(f"{where}: prompt has {len(ids)} tokens, more than "
                                 f"data.max_prompt_tokens={self.max_prompt_tokens}", where, len(ids))
         return ids

@@ -24,7 +24,7 @@ from reasonrl.config import Config
 from reasonrl.data import PromptSampler
 from reasonrl.envs import with_env_reward
 from reasonrl.rewards import gate_of, score_rollouts
-from reasonrl.rollout import SamplingParams
+from reasonrl.rollout import SamplingParams, prompt_cuts
 
 
 def renumber_groups(group: torch.Tensor) -> torch.Tensor:
@@ -73,12 +73,15 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
     algo, want = cfg.algo, cfg.trainer.batch_size // cfg.rollout.n
     parts: list[tuple[Rollouts, Scores, torch.Tensor]] = []
     seconds = {"rollout": 0.0, "reward": 0.0}
-    kept = dropped = rounds = 0
+    kept = dropped = rounds = cut = 0
     generated, sampled_rewards = 0.0, []
     while True:
         t = time.perf_counter()
-        rollouts = rollout.rollout(sampler.next(want - kept), sampling)
+        examples = sampler.next(want - kept)
+        rollouts = rollout.rollout(examples, sampling)
         seconds["rollout"] += time.perf_counter() - t
+        if cfg.data.truncate_prompts == "left":  # the prompts sampled that lost their start
+            cut += sum(n > 0 for n in prompt_cuts(rollout, examples, cfg.data.max_prompt_tokens))
         t = time.perf_counter()
         scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist())
         scores = with_env_reward(scores, rollouts)
@@ -119,4 +122,6 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
             stats[f"reward/{name}_zero_std_groups"] = float(flat_group_count(values, rollouts.group))
     if algo.dynamic_sampling:
         stats["reward/mean_before_filter"] = torch.cat(sampled_rewards).mean().item()
+    if cfg.data.truncate_prompts == "left":
+        stats["data/truncated_prompts"] = float(cut)
     return StepBatch(rollouts, scores, rewards, trainable, stats, seconds)

@@ -165,8 +165,9 @@ class Trainer:
         self.policy, self.rollout, self.critic = (self.workers.policy, self.workers.rollout,
                                                   self.workers.critic)
         self.teacher = self.workers.teacher  # on-policy distillation (teacher.path) only
-        # every prompt too long for data.max_prompt_tokens, listed now, not at step 500
-        check_prompt_lengths(self.rollout, self.train_examples + self.held_out, cfg.data.max_prompt_tokens)
+        # every prompt too long for data.max_prompt_tokens, listed now, not at step 500 (or cut: said)
+        check_prompt_lengths(self.rollout, self.train_examples, cfg.data.max_prompt_tokens,
+                             held_out=self.held_out)
         sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_new_tokens=r.max_new_tokens)
         self.source = make_source(cfg, self.workers, self.train_examples, self.held_out, self.eval_settings,

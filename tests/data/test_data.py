@@ -716,3 +716,59 @@ def test_prompts_too_long_are_all_listed_or_cut_from_the_left(tmp_path, tokenize
     full = tokenizer(examples[1].prompt, add_special_tokens=False)["input_ids"]
     assert left.encode(examples[1]) == full[-100:]  # the last 100 tokens, as TRL's left truncation
     assert left.encode(examples[0]) == worker.encode(examples[0])  # short prompts untouched
+    assert left.encode(examples[1], whole=True) == worker.encode(examples[1], whole=True) == full
+
+
+def test_prompts_cut_from_the_left_are_counted_in_one_line(tokenizer, capsys):
+    """Issue 40: data.truncate_prompts=left cut prompts without a word. Now the start-up check
+    says how many train and held-out prompts are cut and by how many tokens at most (the
+    prompt that loses most named), and returns those counts."""
+    from reasonrl.rollout import RolloutWorker, check_prompt_lengths, prompt_cuts
+
+    def words(n: int, line: int) -> Example:  # n tokens
+        return Example(" ".join(["word"] * n), "1", "s", {"origin": f"d.jsonl:{line}"})
+
+    train = [words(n, i) for i, n in enumerate([5, 130, 3, 100, 101], start=1)]
+    held_out = [words(n, i) for i, n in enumerate([140, 7], start=1)]
+    left = RolloutWorker(None, tokenizer, False, "", 100, truncate_prompts="left")
+    assert prompt_cuts(left, train + held_out, 100) == [0, 30, 0, 0, 1, 40, 0]
+    counts = check_prompt_lengths(left, train, 100, held_out=held_out)
+    assert counts == {"train": 2, "held_out": 1, "most": 40}
+    assert capsys.readouterr().out == (
+        "[reasonrl] data.truncate_prompts=left: 2 of 5 train prompts and 1 of 2 held-out prompts are longer "
+        "than data.max_prompt_tokens=100 and are cut from the left, by at most 40 tokens (d.jsonl:1)\n")
+    assert check_prompt_lengths(left, train[:1], 100) == {"train": 0, "held_out": 0, "most": 0}
+    assert capsys.readouterr().out == ""  # nothing cut: nothing said
+    check_prompt_lengths(left, train, 100, held_out=[])  # a run without a held-out set
+    assert capsys.readouterr().out.startswith("[reasonrl] data.truncate_prompts=left: 2 of 5 train prompts "
+                                              "are longer than data.max_prompt_tokens=100 and are cut")
+    check_prompt_lengths(left, train, 100)  # `reasonrl eval`: one set
+    assert capsys.readouterr().out.startswith("[reasonrl] data.truncate_prompts=left: 2 of 5 prompts are "
+                                              "longer")
+
+
+def test_a_run_that_cuts_prompts_says_so_and_counts_them_per_step(tmp_path, capsys, tokenizer):
+    """The run's view: the start-up line, and data/truncated_prompts in each step's metrics:
+    every prompt of the train file is cut, so each step counts all its prompts (2 per step)."""
+    from reasonrl.cli import main
+
+    repo = Path(__file__).parents[2]
+    long = "Add these numbers: " + " + ".join(str(i) for i in range(40)) + ". What is the sum?"
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{i}. {long}", "ground_truth": "780"}) + "\n"
+                             for i in range(6)))
+    val.write_text(json.dumps({"prompt": long, "ground_truth": "780"}) + "\n"
+                   + json.dumps({"prompt": "1 + 1?", "ground_truth": "2"}) + "\n")
+    code = main(["train", str(repo / "configs" / "smoke.yaml"), "data.task=file", f"data.train_path={train}",
+                 f"data.val_path={val}", "data.max_prompt_tokens=24", "data.truncate_prompts=left",
+                 "data.apply_chat_template=false",
+                 f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false",
+                 "trainer.threads=1", "tracking.report=false"])
+    out = capsys.readouterr().out
+    assert code == 0
+    most = len(tokenizer(f"0. {long}", add_special_tokens=False)["input_ids"]) - 24
+    assert [x for x in out.splitlines() if "data.truncate_prompts=left" in x] == [
+        "[reasonrl] data.truncate_prompts=left: 6 of 6 train prompts and 1 of 2 held-out prompts are longer "
+        f"than data.max_prompt_tokens=24 and are cut from the left, by at most {most} tokens ({train}:1)"]
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["data/truncated_prompts"] for r in rows if r.get("step", 0) > 0] == [2.0, 2.0]
