@@ -72,8 +72,12 @@ def test_as_step_accepts_steps_and_tuples_and_names_what_is_wrong():
 # ---- concurrent steps with timeouts ------------------------------------------------------
 
 def test_run_calls_returns_values_errors_and_timeouts_in_order():
+    """`slow` hangs for 60 s (until released below): cut at its 0.3 s timeout, the calls return
+    in well under 30 s on any machine; holding the turn, they would take the 60 s."""
+    released = threading.Event()
+
     def slow():
-        time.sleep(3)
+        released.wait(60)
         return "late"
 
     def boom():
@@ -84,7 +88,9 @@ def test_run_calls_returns_values_errors_and_timeouts_in_order():
 
     t = time.monotonic()
     out = run_calls([lambda: 1, boom, slow, lambda: "x", leave], timeout=0.3, workers=8)
-    assert time.monotonic() - t < 2.0  # the hung call did not hold the turn
+    elapsed = time.monotonic() - t
+    released.set()
+    assert elapsed < 30  # the hung call did not hold the turn
     assert [o.value for o in out] == [1, None, None, "x", None]
     assert out[1].error == "RuntimeError: boom" and not out[1].timed_out
     assert out[2].timed_out and out[2].error == "timed out after 0.3 s"

@@ -348,11 +348,14 @@ def test_a_worker_asking_for_a_missing_resource_fails_within_the_timeout(ray_ses
     with pytest.raises(PlacementError) as err:
         build_workers(cfg)
     elapsed = time.perf_counter() - t
-    assert elapsed < 3 + 5, elapsed  # the timeout plus a little bookkeeping
+    # the 3 s of the config, not the default 180 s: the message names it, and the wait ends well
+    # before 180 s on any machine (here 3 s plus the other workers' start, seconds)
+    assert elapsed < 60, elapsed
     message = str(err.value)
+    assert message.startswith("ray: not ready within 3 s (placement.start_timeout): "), message
     assert "the rollout worker waits for" in message and "'tpu_pod': 1.0" in message
     assert "placement.start_timeout" in message and "no machine of the Ray cluster offers that" in message
-    deadline = time.time() + 10  # the actors were killed: their CPUs come back
+    deadline = time.time() + 60  # the actors were killed: their CPUs come back (a wait, not a verdict)
     while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
         time.sleep(0.2)
     assert ray_session.available_resources().get("CPU", 0) == 4
@@ -407,7 +410,7 @@ def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_sess
     with pytest.raises(PlacementError,
                        match=r"ray: the rollout worker has no close \(reasonrl.worker_protocols"):
         reasonrl.placement.build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray"))
-    deadline = time.time() + 10  # the actors were killed: their CPUs come back
+    deadline = time.time() + 60  # the actors were killed: their CPUs come back (a wait, not a verdict)
     while ray_session.available_resources().get("CPU", 0) < 4 and time.time() < deadline:
         time.sleep(0.2)
     assert ray_session.available_resources().get("CPU", 0) == 4

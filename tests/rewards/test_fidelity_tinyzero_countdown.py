@@ -352,9 +352,11 @@ def test_reasonrl_rule_is_a_named_option(completion, ground_truth, tinyzero, sub
 ])
 def test_hostile_answers_score_as_tinyzero_at_once(completion, expected):
     recipe_score("", T24)  # the config loaded and the verifier imported before the clock starts
-    start = time.perf_counter()
+    # CPU time (the verifier runs in this process): 4 ms here at most, 40 ms on a machine 10x
+    # slower; executing them is seconds to forever (below). A loaded machine's wall clock is not.
+    start = time.process_time()
     assert recipe_score(completion, T24) == expected
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 # ------------------------------------------------------- the parts, with hand-computed values
@@ -406,9 +408,9 @@ def test_integers_past_the_bound_are_refused_at_once(equation):
     """TinyZero's eval computes these for seconds (2**99**4: 1.3 s here) to forever (99**99**99);
     here an integer past MAX_INT_BITS is not computed: format_score, at once. The one score that
     differs: `1**2**99**4` is 1 there (1.0 for a target of 1) after computing 2**96059601."""
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: 5 ms here at most; computed, 1.3 s to forever
     with pytest.raises(NotArithmetic, match=f"past {MAX_INT_BITS} bits"):
         python_value(equation)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     numbers = sorted(int(n) for n in re.findall(r"\d+", equation))
     assert recipe_score(f"<answer>{equation}</answer>", truth(numbers, 1)) == 0.1

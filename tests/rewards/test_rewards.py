@@ -92,10 +92,12 @@ def test_first_and_all_between_are_the_non_greedy_regexs_matches(text, first, ev
     match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
     assert (match.group(1) if match else None) == first
     assert re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL) == every
-    start = time.perf_counter()
+    # CPU time, not the wall clock (a loaded machine's): linear is 4 ms here, the regex's ~10^10
+    # steps are minutes on any machine
+    start = time.process_time()
     first_between("<answer>" * 200_000, "<answer>", "</answer>")  # the regex: ~10^10 steps
     all_between("<answer>" * 200_000 + "</answer>", "<answer>", "</answer>")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -454,7 +456,10 @@ _ADVERSARIAL = [
 
 @pytest.mark.parametrize("text", _ADVERSARIAL, ids=[f"adv{i}" for i in range(len(_ADVERSARIAL))])
 def test_adversarial_inputs_are_fast(text: str) -> None:
-    start = time.perf_counter()
+    """Linear in the 100,000 characters: 0.15 s of CPU here at most (`<think>` x 14000), 1.5 s
+    on a machine 10x slower; quadratic would be ~10^10 steps, minutes of CPU on any machine.
+    CPU time, not the wall clock: a loaded machine's other processes do not count."""
+    start = time.process_time()
     extract_boxed(text)
     extract_answer_tag(text)
     extract_last_number(text)
@@ -464,4 +469,4 @@ def test_adversarial_inputs_are_fast(text: str) -> None:
     boxed_format_reward(text)
     answer_present_reward(text)
     numeric_reward(text, "18")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 10.0
