@@ -192,7 +192,10 @@ def test_ctrl_c_while_the_rollout_process_ends_kills_it_at_once(tmp_path):
             source.close()
         except KeyboardInterrupt:  # caught here: pytest would take it for the user's and stop
             pytest.fail("Ahead.close let the KeyboardInterrupt out")
-        assert time.monotonic() - started < 5
+        # killed at once, not after the 10 s wait (`Ahead.close`'s join(10)), whose end would
+        # also find it killed: on any machine the kill and its reaping (join(5)) end before 10 s,
+        # the wait does not
+        assert time.monotonic() - started < 10
         assert process.exitcode == -signal.SIGKILL and source.worker is None
     finally:
         trainer.source.close()
