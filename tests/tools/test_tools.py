@@ -260,7 +260,10 @@ def hostile(mode: str, code: str, **change) -> tuple[Observation, ToolStats]:
     lim = limits(mode, **change)
     start = time.monotonic()
     obs = call_tool("python", code, lim, stats)
-    assert time.monotonic() - start < lim.timeout + 3  # bounded by the wall-clock limit
+    # bounded by the wall-clock limit: the hostile code runs for 60 s or for ever; its call's
+    # start (the plan's probe the first time) and teardown, 0.05-0.5 s here, are seconds at most
+    # on a loaded machine 10x slower
+    assert time.monotonic() - start < lim.timeout + 20
     assert stats.calls == 1 and stats.errors == (obs.error is not None) and stats.timeouts == obs.timed_out
     assert_no_leftovers(lim.uid)
     return obs, stats
@@ -473,7 +476,9 @@ def test_a_call_under_its_disk_limit_runs_as_before(mode):
 
 def test_infinite_loop(mode):
     obs, _ = hostile(mode, "while True:\n    pass")
-    assert obs.timed_out and obs.exit_code == -signal.SIGKILL and TIMEOUT <= obs.seconds < TIMEOUT + 1
+    # cut at the timeout (2.02 s here), well before anything else would end it: the CPU limit's
+    # SIGXCPU at 3 CPU seconds is no timeout (`timed_out`)
+    assert obs.timed_out and obs.exit_code == -signal.SIGKILL and TIMEOUT <= obs.seconds < TIMEOUT + 10
 
 
 def test_cpu_time_limit(mode):
@@ -484,12 +489,11 @@ def test_cpu_time_limit(mode):
 
 
 def test_output_flood(mode):
-    start = time.monotonic()
     flood = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))"  # 100 MB in all
     obs, _ = hostile(mode, flood)
     assert obs.truncated and obs.output == "x" * 4096 and not obs.timed_out
     assert obs.error == "output passed 4096 bytes; the program was stopped"
-    assert time.monotonic() - start < TIMEOUT
+    assert obs.seconds < TIMEOUT  # stopped by the output limit, before its timeout (0.05 s here)
 
 
 def test_a_call_whose_cgroup_cannot_be_made_falls_back_to_the_watchdog(monkeypatch):
@@ -676,7 +680,7 @@ def test_sleeps_past_the_timeout(mode):
     obs, _ = hostile(mode, "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
     assert obs.timed_out and obs.output == "sleeping\n"
     assert obs.error == "timed out after 2 s (wall clock); its processes were killed"
-    assert TIMEOUT <= obs.seconds < TIMEOUT + 1
+    assert TIMEOUT <= obs.seconds < TIMEOUT + 10  # cut at the timeout, well before the 60 s sleep
 
 
 @pytest.mark.parametrize("arguments, error", [
