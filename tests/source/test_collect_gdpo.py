@@ -20,6 +20,7 @@ from reasonrl.config import load_config
 from reasonrl.source.collect import step_rewards
 from reasonrl.train.trainer import Trainer
 
+RANKED = f"{REPO / 'tests' / 'fixtures' / 'batch_reward.py'}:ranked"  # never flat, groups apart
 A = math.sqrt(3) / 2  # +-A: a 0/1 component split 2-2 in a group of 4, normalised (unbiased std 1/sqrt(3))
 
 
@@ -153,14 +154,17 @@ def test_dynamic_sampling_keeps_the_groups_any_component_moves(tmp_path, monkeyp
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_tiny_run_trains_on_gdpo(tmp_path, staleness):
-    """Two steps of the smoke run (`correct` from the length reward of tests/fixtures, which varies
-    in every group; `format`, which a random model never satisfies) with reward.combine=gdpo and
-    the paper's batch normalisation (algo.advantage=reinforce_pp), on-policy and one step ahead
-    (trainer.max_staleness=1: the batch is collected in the rollout process). Each step trains on
-    reinforce_pp of `gdpo_rewards` of the batch's scored components: `format` is constant in both
-    groups, so it contributes nothing, and `correct` counts normalised in its group (its plain
-    value would give other advantages: the groups' spreads differ); the weights move."""
-    cfg = smoke_cfg(tmp_path, f"gdpo{staleness}", "reward.combine=gdpo", "algo.advantage=reinforce_pp",
+    """Two steps of the smoke run (`correct` from a batch reward of tests/fixtures that ranks the
+    rows in each group and sets the groups apart, whatever the model samples; `format`, which a
+    random model never satisfies) with reward.combine=gdpo and the paper's batch normalisation
+    (algo.advantage=reinforce_pp), on-policy and one step ahead (trainer.max_staleness=1: the
+    batch is collected in the rollout process). Each step trains on reinforce_pp of
+    `gdpo_rewards` of the batch's scored components: `format` is constant in both groups, so it
+    contributes nothing, and `correct` counts normalised in its group (its plain value would give
+    other advantages: the groups lie apart); the weights move. (The length reward left both on
+    what the model sampled: flat groups, or two groups of the same spread and mean, ~2% a step.)"""
+    cfg = smoke_cfg(tmp_path, f"gdpo{staleness}", "reward.fn=", f"reward.batch_fn={RANKED}",
+                    "reward.combine=gdpo", "algo.advantage=reinforce_pp",
                     "reward.weights={correct: 1.0, format: 0.5}", "trainer.steps=2",
                     f"trainer.max_staleness={staleness}")
     trainer = Trainer(cfg)
@@ -170,7 +174,8 @@ def test_a_tiny_run_trains_on_gdpo(tmp_path, staleness):
             correct, form, group = batch.scores.components["correct"], batch.scores.components["format"], \
                 batch.rollouts.group
             assert form.tolist() == [0.0] * 8 and metrics["reward/format_zero_std_groups"] == 2.0
-            assert metrics["reward/correct_zero_std_groups"] < 2.0
+            assert correct.tolist() == [0.0, 0.25, 0.5, 0.75, 2.0, 2.25, 2.5, 2.75]
+            assert metrics["reward/correct_zero_std_groups"] == 0.0
             rewards = gdpo_rewards(torch.stack([correct, form], dim=1), [1.0, 0.5], group)
             expected = estimate("reinforce_pp", AdvantageInputs(rewards, group))[0]
             torch.testing.assert_close(advantages, expected)
