@@ -16,11 +16,14 @@ reference it is tested against) with fewer, larger operations:
   query heads that share a key/value head (GQA) instead of repeating the keys and values;
 - the prefill runs the prompt once with a causal, padding-aware mask.
 
-Supported: `model_type` llama (SmolLM2, Llama 2/3), qwen2 and mistral, without sliding
+Supported: `model_type` llama (SmolLM2, Llama 2/3), qwen2, qwen3 and mistral, without sliding
 windows, with static RoPE (default, linear, llama3, yarn), SiLU MLPs, plain `nn.Linear`
 projections (biases allowed), tied or untied heads, no forward hooks (this path does not
-call the modules). Anything else (`unsupported_reason` says why) runs through the
-transformers modules.
+call the modules). Qwen3's query/key norms (an RMSNorm over each head's vector, applied after
+the projection and before RoPE: `Qwen3Attention.forward` in transformers) run here too. Anything
+else (`unsupported_reason` says why) runs through the transformers modules. A LoRA run's engine
+decodes a plain copy of the model that each weight sync refreshes with the merged weights
+(`reasonrl.placement`), so it takes this path as well.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch import nn
 
 from reasonrl.accel.kernels import rms_norm
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
@@ -58,8 +61,10 @@ def unsupported_reason(model) -> str | None:
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
     if any(type(m) is not nn.Linear for m in linears):
         return "wrapped projections (e.g. LoRA adapters): not plain nn.Linear"
-    if any(hasattr(layer.self_attn, name) for layer in inner.layers for name in ("q_norm", "k_norm")):
-        return "query/key norms"
+    norms = [getattr(layer.self_attn, name, None) for layer in inner.layers for name in ("q_norm", "k_norm")]
+    if any(n is not None and not (isinstance(getattr(n, "weight", None), torch.Tensor)
+                                  and hasattr(n, "variance_epsilon")) for n in norms):
+        return "query/key norms that are not RMSNorms"
     if not head.weight.dtype.is_floating_point:
         return f"weights of dtype {head.weight.dtype}"
     hooked = next((name for name, m in model.named_modules()
@@ -161,6 +166,18 @@ class _Layer:
         self.norm2 = layer.post_attention_layernorm.weight.detach()
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
         self.scaling = attn.scaling
+        # Qwen3: RMSNorm of each query / key head before RoPE (None: Llama, Qwen2, Mistral)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.q_norm = None if q_norm is None else (q_norm.weight.detach(), q_norm.variance_epsilon)
+        self.k_norm = None if k_norm is None else (k_norm.weight.detach(), k_norm.variance_epsilon)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k [..., D] through the layer's per-head query/key norms, where it has them."""
+        if self.q_norm is not None:
+            q = _rms_norm(q, *self.q_norm)
+        if self.k_norm is not None:
+            k = _rms_norm(k, *self.k_norm)
+        return q, k
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -288,6 +305,7 @@ class LeanLlama:
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             q, k, v = self._split(layer.qkv(_rms_norm(x, layer.norm1, layer.eps1)))
+            q, k = layer.norm_qk(q, k)
             q, k = self._rope(q, positions), self._rope(k, positions)
             self.cache[i, 0, rows, :, start: end] = k
             self.cache[i, 1, rows, :, start: end] = v
@@ -389,7 +407,11 @@ class LeanLlama:
         key_ok = self.key_ok[..., : col + 1]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(_rms_norm(x, layer.norm1, layer.eps1)).view(b, h + 2 * k, d)
-            qk = _rotate(qkv[:, : h + k], cos, sin)  # q and k heads together
+            if layer.q_norm is None and layer.k_norm is None:
+                qk = qkv[:, : h + k]
+            else:
+                qk = torch.cat(layer.norm_qk(qkv[:, :h], qkv[:, h: h + k]), dim=1)
+            qk = _rotate(qk, cos, sin)  # q and k heads together
             cache = self.cache[i]
             cache[0, :, :, col] = qk[:, h:]
             cache[1, :, :, col] = qkv[:, h + k:]

@@ -15,7 +15,7 @@ import copy
 
 import pytest
 import torch
-from helpers import grouped_rows, needs_peft
+from helpers import REPO, grouped_rows, needs_peft
 from torch import nn
 
 from reasonrl.accel import calibrate
@@ -60,6 +60,32 @@ def tiny_qwen2(tokenizer, seed: int = 0):
     return model.eval()
 
 
+def tiny_qwen3(tokenizer, seed: int = 0):
+    """A random Qwen3 (per-head query/key RMSNorms before RoPE, head_dim 32 set apart from
+    hidden / heads, untied head, 4 query heads on 2 key/value heads)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+        with torch.no_grad():  # norm weights away from 1, so a skipped query/key norm shows
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def arch_model(arch: str, tiny):
+    model, tokenizer = tiny
+    return {"llama": lambda: copy.deepcopy(model), "qwen2": lambda: tiny_qwen2(tokenizer),
+            "qwen3": lambda: tiny_qwen3(tokenizer)}[arch]()
+
+
 def left_padded(prompts: list[list[int]], pad: int):
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -74,12 +100,11 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [100, 200, 300, 400, 500, 600, 700]]
 
 
 @pytest.mark.parametrize("mkl", [pytest.param(True, marks=needs_mkl), False])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_lean_decoder_logits_equal_the_transformers_modules(tiny, arch, mkl):
     """Both lean paths, MKL-packed and plain (the path of a machine without MKL: ARM, macOS),
     against the transformers modules, through prefill, repeat, select and steps."""
-    model, tokenizer = tiny
-    model = copy.deepcopy(model) if arch == "llama" else tiny_qwen2(tokenizer)
+    model, tokenizer = arch_model(arch, tiny), tiny[1]
     model.eval()
     assert unsupported_reason(model) is None
     ids, mask = left_padded(PROMPTS, tokenizer.pad_token_id)
@@ -122,14 +147,13 @@ def test_rows_leaving_in_place_or_reordered_keep_their_caches(tiny):
 
 
 @pytest.mark.parametrize("mkl", [pytest.param(True, marks=needs_mkl), False])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_a_prefill_after_kept_caches_equals_a_full_prefill(tiny, arch, mkl):
     """KV reuse between turns: rows' caches taken with `rows_cache` after some decode steps,
     then only their new tokens prefilled (`prefill_cached`; one row has no past at all), give
     the logits of a full prefill of the whole sequences, and the same next step. The bound is
     the one of the decoder against the modules above (float32, differently ordered sums)."""
-    model, tokenizer = tiny
-    model = model if arch == "llama" else tiny_qwen2(tokenizer)
+    model, tokenizer = (tiny[0] if arch == "llama" else arch_model(arch, tiny)), tiny[1]
     model.eval()
     pad = tokenizer.pad_token_id
     ids, mask = left_padded(PROMPTS, pad)
@@ -187,15 +211,19 @@ def test_an_engine_session_reuses_the_kv_cache_of_ended_rows(tiny):
         assert value == reference, key
 
 
-def test_every_decoder_samples_the_same_tokens(tiny):
-    """The three decoders of the HF engine draw the same completions from the same seed."""
-    model, tokenizer = tiny
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_every_decoder_samples_the_same_tokens(tiny, arch, greedy):
+    """The three decoders of the HF engine draw the same completions from the same seed, and
+    decode the same greedy ones (Qwen3: its query/key norms on the lean path)."""
+    model, tokenizer = (tiny[0] if arch == "llama" else tiny_qwen3(tiny[1])), tiny[1]
     out = {}
     for path in ("lean_mkl", "lean", "modules") if MKL else ("lean", "modules"):
         engine = HFEngine(model, tokenizer, decoder=path)
         assert engine.decode_path(6) == (path, None)
         torch.manual_seed(3)
-        out[path] = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=10, temperature=1.0))
+        out[path] = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=10, temperature=1.0,
+                                                            greedy=greedy))
         assert engine.last_path == path
     first = next(iter(out.values()))
     for gen in out.values():
@@ -209,10 +237,10 @@ def test_unsupported_models_fall_back_with_a_reason(tiny, monkeypatch):
     from reasonrl.policy.lora import apply_lora
 
     model, tokenizer = tiny
-    qwen3 = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                         head_dim=16))
-    assert "qwen3" in unsupported_reason(qwen3)
+    gelu = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16, hidden_act="gelu"))
+    assert "hidden_act 'gelu'" in unsupported_reason(gelu)
     wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)
     assert "LoRA" in unsupported_reason(wrapped)
     path, why = HFEngine(wrapped, tokenizer, decoder="lean").decode_path()
@@ -408,7 +436,7 @@ def test_bf16_training_attention_takes_the_math_kernel_with_the_fused_kernels_va
         assert (a.float() - b.float()).abs().max() <= 4 * 2.0 ** -8 * a.float().abs().max()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("share_prompt", [False, True])
 @pytest.mark.parametrize("expand", [False, True], ids=["native_gqa", "repeated_kv"])
 def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt, expand, monkeypatch):
@@ -417,11 +445,11 @@ def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt, expand, m
     from reasonrl.accel import kernels
 
     monkeypatch.setattr(kernels, "expand_kv_heads", lambda query, mask: expand)
-    model, tokenizer = tiny
-    base = copy.deepcopy(model) if arch == "llama" else tiny_qwen2(tokenizer)
+    base = arch_model(arch, tiny)
     base.train()
     lean = copy.deepcopy(base)
-    assert apply_lean_kernels(lean) == ["rmsnorm x5", "swiglu x2", "sdpa-gqa"]
+    norms = 9 if arch == "qwen3" else 5  # Qwen3: each layer's query and key norms too
+    assert apply_lean_kernels(lean) == [f"rmsnorm x{norms}", "swiglu x2", "sdpa-gqa"]
     expected_loss, expected = loss_and_grads(base, share_prompt)
     loss, grads = loss_and_grads(lean, share_prompt)
     assert loss == pytest.approx(expected_loss, rel=1e-6)
@@ -553,3 +581,40 @@ def test_fsdp_shards_and_mixed_dtypes_keep_torch_s_own_tensors(tiny):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     accel_.attach(optimizer)
     assert not accel_.flat and accel_.gradients() is None and accel_.kernels == []
+
+
+# ------------------------------------------------------------------ Qwen3 folders and LoRA runs
+
+
+def lean_run(tmp_path, *overrides: str):
+    """A 1-step run of configs/smoke.yaml; the engine's decoder of its last call."""
+    from reasonrl.config import load_config
+    from reasonrl.train.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [
+        "trainer.steps=1", "trainer.progress=false", "tracking.report=false", "trainer.threads=1",
+        f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "rollout.hf_decoder=lean", *overrides])
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit()
+        return trainer.workers.rollout.engine.last_path, trainer.workers.rollout.engine.decode_path(8)
+    finally:
+        trainer.workers.close()
+        torch.set_num_threads(threads)
+
+
+def test_a_qwen3_folder_trains_and_decodes_on_the_lean_path(tiny, tmp_path):
+    """`model.path=<a Qwen3 folder>`: the run trains, and its engine decodes on the lean path
+    (query/key norms included), not through the modules."""
+    folder = tmp_path / "qwen3"
+    tiny_qwen3(tiny[1]).save_pretrained(folder)
+    tiny[1].save_pretrained(folder)
+    assert lean_run(tmp_path, f"model.path={folder}") == ("lean", ("lean", None))
+
+
+@needs_peft
+def test_a_lora_run_decodes_on_the_lean_path(tmp_path):
+    """A LoRA run's engine decodes a plain copy of the model, refreshed with the merged weights
+    at each sync (placement), so the lean decoder runs it: no wrapped projections reach it."""
+    assert lean_run(tmp_path, "model.path=tiny", "model.lora.rank=4") == ("lean", ("lean", None))
