@@ -333,18 +333,24 @@ def test_eval_sampled_writes_consistent_metrics_and_compares(tmp_path, capsys):
     assert "pass@4" not in deltas and "mult/pass@1" in deltas
 
 
-def test_probe_end_to_end_gives_a_verdict(tmp_path, capsys):
+def test_probe_end_to_end_gives_a_verdict(tmp_path, capsys, tokenizer):
+    """Accuracy 0 by construction, not by what the random model samples: each answer of
+    unreachable_math.jsonl has 18 digits, compared exactly, and this tokenizer writes one digit
+    a token, so no completion of 16 new tokens (rollout.max_new_tokens) holds one (tiny_math's
+    one-digit answers were a few random tokens away)."""
+    assert max(sum(c.isdigit() for c in t) for t in tokenizer.get_vocab()) == 1
     out = tmp_path / "probe.json"
     # a file task's held-out set is read without its training files
     data = ["data.task=file", "data.train_path=no/such/train.jsonl",
-            "data.val_path=tests/fixtures/tiny_math.jsonl"]
+            "data.val_path=tests/fixtures/unreachable_math.jsonl"]
     assert main(["probe", *SMOKE, *data, "--limit", "4", "--entropy-range", "0.1,20",
                  "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["settings"]["n"] == 4  # rollout.n of configs/smoke.yaml
-    assert report["settings"]["data"].endswith("(tests/fixtures/tiny_math.jsonl)")
-    assert report["overall"]["num_prompts"] == 4 and report["overall"]["accuracy"] == 0.0  # random model
+    assert report["settings"]["data"].endswith("(tests/fixtures/unreachable_math.jsonl)")
+    assert report["settings"]["max_new_tokens"] == 16
+    assert report["overall"]["num_prompts"] == 4 and report["overall"]["accuracy"] == 0.0  # unreachable
     assert report["overall"]["all_wrong_frac"] == 1.0
     assert report["verdict"]["status"] == "too_hard" and "verdict: too_hard: SFT first" in printed
     assert report["verdict"]["thresholds"] == {"min_accuracy": 0.10, "max_accuracy": 0.80,
