@@ -111,6 +111,9 @@ PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewis
 MATH_SCORING = Registry("reward.math_rule", "reasonrl.rewards.math_equiv", "reasonrl.rewards.math_rules")
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
 ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback")
+# env.fn's class: reasonrl's protocol, or another framework's style through its adapter
+ENV_FORMATS = Registry("env.format", "reasonrl.envs.base", "reasonrl.envs.gym_env",
+                       "reasonrl.envs.trl_env")
 
 
 def needs_critic(advantage: str) -> bool:

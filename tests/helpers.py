@@ -104,6 +104,38 @@ def spy_on(engine):
     return sampled
 
 
+class ScriptedEngine:
+    """An engine whose call k of `generate` answers `script[k]`: one text per row (the prompts'
+    n rows, prompt-major). A text is tokenized; the row ends (not truncated) at EOS or a stop
+    string it ends with, and is cut (truncated) at `max_new_tokens`. `calls` records each
+    call's (prompt ids, params, seeds), `sampled` each call's rows of ids."""
+
+    def __init__(self, tokenizer, script: list[list[str]]):
+        self.tokenizer, self.script = tokenizer, script
+        self.calls: list[tuple] = []
+        self.sampled: list[list[list[int]]] = []
+
+    def session(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def generate(self, prompt_ids, params, seeds=None):
+        from reasonrl.rollout import Generation
+
+        texts = self.script[len(self.calls)]
+        assert len(texts) == len(prompt_ids) * params.n, (len(texts), len(prompt_ids), params.n)
+        self.calls.append((prompt_ids, params, seeds))
+        rows, cut = [], []
+        for text in texts:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ended = ids[-1] == self.tokenizer.eos_token_id or any(text.endswith(s) for s in params.stop)
+            rows.append(ids[: params.max_new_tokens])
+            cut.append(len(ids) > params.max_new_tokens or not ended)
+        self.sampled.append(rows)
+        return Generation(rows, cut, None)
+
+
 def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokenizer, pad_id: int) -> None:
     """Each row's completion is its sampled turns (exactly the engine's ids; a turn cut by a
     limit is a prefix of them) with the environment's ids between them; the mask is 1 exactly

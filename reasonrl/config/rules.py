@@ -86,6 +86,9 @@ def env_rules(cfg: Config) -> None:
                               f"env.name={e.name!r})")
         if ":" not in e.fn or not all(e.fn.rpartition(":")[::2]):
             raise ConfigError(f"env.fn: expected module:Class or path/file.py:Class, got {e.fn!r}")
+    elif e.format != "auto" and e.name != "none":
+        raise ConfigError(f"env.format: {e.format} is the style of an env.fn class; env.name={e.name} is "
+                          "built in: remove env.format or set env.fn instead of env.name")
     if e.name == "none" and not e.fn:
         changed = [f"env.{f.name}" for f in dataclasses.fields(EnvConfig)
                    if f.name != "name" and getattr(e, f.name) != getattr(EnvConfig(), f.name)]

@@ -19,6 +19,7 @@ from reasonrl.registry import (
     DATA_FORMATS,
     DATA_TASKS,
     ENGINES,
+    ENV_FORMATS,
     ENVIRONMENTS,
     IMPORTANCE_CORRECTIONS,
     IMPORTANCE_LEVELS,
@@ -174,6 +175,10 @@ class EnvConfig:
     # until a numeric answer is right; none = single-turn (one model turn per prompt)
     name: str = param("none", choices=ENVIRONMENTS, also=("none",))
     fn: str = ""  # a user environment class instead, "module:Class" or "path/file.py:Class"
+    # the style env.fn's class is written in (ENV_FORMATS): reasonrl = reset(example) + step(turn);
+    # trl = TRL's environment_factory class (public methods are tools); skyrl = SkyRL-Gym's
+    # init/step; gymnasium = reset(seed, options) + step(action) -> 5-tuple; auto = told by its methods
+    format: str = param("auto", choices=ENV_FORMATS, also=("auto",))
     tools: list[str] = param(["calculator"], keys=TOOLS, noun="tool")  # env.name=tool: the tools it offers
     # env.name=tool, how the model calls: tags = <calculator>347 * 29</calculator> (the turn stops at the
     # closing tag); tool_call = chat templates' <tool_call>{"name": ..., "arguments": {...}}</tool_call>

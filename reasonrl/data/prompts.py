@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Sequence
 
 from reasonrl.batch import Example
 
 
 def render_prompt(example: Example, tokenizer, apply_chat_template: bool,
-                  system_prompt: str = "") -> str:
+                  system_prompt: str = "", tools: Sequence[dict] = ()) -> str:
     """The exact text fed to the model for `example`.
 
     A plain `prompt` string gets the tokenizer's chat template (with `system_prompt` as
     the system turn when non-empty) unless `apply_chat_template` is false, in which case
     it is used verbatim (already templated, as ReasonRL's data is). `messages` are
-    always templated; a system message in them wins over `system_prompt`.
+    always templated; a system message in them wins over `system_prompt`. `tools` (JSON
+    schemas, an environment's) go through the template's `tools=` argument; a template that
+    ignores it (renders the same without them) gets them in the system message instead
+    (`tools_system_text`).
     """
     if isinstance(example.prompt, str):
         if not apply_chat_template:
@@ -25,7 +30,31 @@ def render_prompt(example: Example, tokenizer, apply_chat_template: bool,
         messages = list(example.prompt)
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not tools:
+        return text
+    with_tools = tokenizer.apply_chat_template(messages, tools=list(tools), tokenize=False,
+                                               add_generation_prompt=True)
+    if with_tools != text:
+        return with_tools
+    block = tools_system_text(tools)
+    if messages[0]["role"] == "system":
+        messages = [{"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
+    else:
+        messages = [{"role": "system", "content": block}, *messages]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tools_system_text(tools: Sequence[dict]) -> str:
+    """The tools described in a system message, for a chat template that does not render
+    `tools=`: the Hermes function-calling layout that Qwen2.5's template writes (the schemas,
+    one JSON object a line, inside `<tools></tools>`; a call as JSON inside
+    `<tool_call></tool_call>`), which the tool environments parse."""
+    schemas = "\n".join(json.dumps(t) for t in tools)
+    return ("# Tools\n\nYou may call the functions below to help with the user's request; their "
+            f"signatures, one JSON object a line:\n<tools>\n{schemas}\n</tools>\n\nTo call one, write its "
+            "name and arguments as a JSON object between <tool_call></tool_call> tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class PromptSampler:

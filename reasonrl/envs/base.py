@@ -4,18 +4,24 @@ An environment is a plain class. One instance plays one episode:
 
     env.reset(example)       # the episode starts from an `Example` (its prompt is the first turn)
     env.step(turn) -> step   # the model's latest turn (its text) -> EnvStep(observation, reward, done)
+    env.end() -> reward      # optional: the episode is over; a last reward (or None), clean-up
 
-`EnvStep.observation` is text (appended to the trajectory as it is, tokenized) or a chat
-message {"role": ..., "content": ...} (rendered through the tokenizer's chat template as the
-next message, then the generation prompt), or None (nothing to add). A step may also return
-the tuple (observation, reward, done). `stop_strings` (a class attribute, may be empty) are
-the strings that end a model turn besides EOS: a tool environment's closing tags.
+`EnvStep.observation` is text (appended to the trajectory as it is, tokenized), a chat
+message {"role": ..., "content": ...} (optionally "name") or a list of them (rendered through
+the tokenizer's chat template as the next messages, then the generation prompt), or None
+(nothing to add). A step may also return the tuple (observation, reward, done). `reset` may
+return an `Example`: the episode's example from then on, its prompt rendered again (an
+environment that writes the task, as TRL's `reset` and SkyRL's `init` may); anything else it
+returns is ignored. `stop_strings` (a class attribute, may be empty) are the strings that end
+a model turn besides EOS: a tool environment's closing tags.
 
 Built-in environments register in `ENVIRONMENTS` (`env.name`); a user's class loads by
-`env.fn=module:Class` (or `path/file.py:Class`), is checked when the run starts
-(`environment_spec`: a class that builds with no arguments and has `reset(example)` and
-`step(turn)`), and is built once per episode. What a step that raises, hangs or answers badly
-does to the run (nothing: it becomes an error observation, counted) is `reasonrl.envs.runner`'s.
+`env.fn=module:Class` (or `path/file.py:Class`), in the style `env.format` names or detects
+(`ENV_FORMATS`: this protocol, `reasonrl`, registered here; TRL's environment classes and the
+gym styles through the adapters of `trl_env.py` and `gym_env.py`), is checked when the run
+starts (`environment_spec`) and is built once per episode. What a step that raises, hangs or
+answers badly does to the run (nothing: it becomes an error observation, counted) is
+`reasonrl.envs.runner`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from reasonrl.batch import Example, Rollouts, Scores
 from reasonrl.config import EnvConfig
 from reasonrl.errors import ConfigError
-from reasonrl.registry import ENVIRONMENTS
+from reasonrl.registry import ENV_FORMATS, ENVIRONMENTS
 from reasonrl.rewards.scoring import MAX_ABS_REWARD
 
 
@@ -38,7 +44,7 @@ from reasonrl.rewards.scoring import MAX_ABS_REWARD
 class EnvStep:
     """What an environment answers to one model turn."""
 
-    observation: str | dict | None = None  # text, a chat message {"role", "content"}, or nothing
+    observation: str | dict | list[dict] | None = None  # text, chat message(s) {"role", "content"}, nothing
     reward: float | None = None  # this turn's reward (summed over the episode, added to the task reward)
     done: bool = False  # the episode is over (the model gets no further turn)
     call: str | None = None  # the tool call this step ran, as text (counted: env/tool_calls_mean)
@@ -51,7 +57,8 @@ class Environment(Protocol):
     """What an episode's environment implements (see the module docstring)."""
 
     def reset(self, example: Example) -> Any:
-        """Start an episode from `example`; the return value is ignored."""
+        """Start an episode from `example`; an `Example` returned is the episode's from now on
+        (its prompt rendered again), anything else is ignored."""
         ...
 
     def step(self, turn: str) -> EnvStep | tuple:
@@ -76,13 +83,18 @@ def as_step(value: Any) -> EnvStep:
         raise BadStep(f"a step returned {type(value).__name__}; expected EnvStep or "
                       "(observation, reward, done)")
     obs = value.observation
-    if isinstance(obs, dict):
-        if set(obs) - {"role", "content"} or not isinstance(obs.get("role"), str) \
-                or not isinstance(obs.get("content"), str):
-            raise BadStep(f"the observation is a dict with keys {sorted(map(str, obs))}; a chat message "
-                          "is {'role': str, 'content': str}")
+    if isinstance(obs, list):
+        if not obs:
+            value = dataclasses.replace(value, observation=None)  # no message: nothing to add
+        for message in obs:
+            if not isinstance(message, dict):
+                raise BadStep(f"the observation is a list holding {type(message).__name__}; expected chat "
+                              "messages {'role': str, 'content': str}")
+            check_message(message)
+    elif isinstance(obs, dict):
+        check_message(obs)
     elif obs is not None and not isinstance(obs, str):
-        raise BadStep(f"the observation is {type(obs).__name__}; expected text, a chat message or None")
+        raise BadStep(f"the observation is {type(obs).__name__}; expected text, chat message(s) or None")
     reward = value.reward
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
                                or not math.isfinite(reward)):
@@ -95,8 +107,19 @@ def as_step(value: Any) -> EnvStep:
     return value
 
 
-def observation_text(observation: str | dict | None) -> str | None:
+def check_message(message: dict) -> None:
+    """BadStep unless `message` is a chat message: {"role": str, "content": str}, and optionally
+    "name": str (a tool message's tool, as TRL sends it)."""
+    if set(message) - {"role", "content", "name"} or not isinstance(message.get("role"), str) \
+            or not isinstance(message.get("content"), str) or not isinstance(message.get("name", ""), str):
+        raise BadStep(f"the observation is a dict with keys {sorted(map(str, message))}; a chat message "
+                      "is {'role': str, 'content': str} (and optionally 'name': str)")
+
+
+def observation_text(observation: str | dict | list[dict] | None) -> str | None:
     """An observation as plain text, for logs and the report."""
+    if isinstance(observation, list):
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in observation) or None
     if isinstance(observation, dict):
         return f"[{observation['role']}] {observation['content']}"
     return observation
@@ -111,6 +134,11 @@ class EnvSpec:
     make: Callable[[], Any]  # a fresh environment for one episode
     stop_strings: tuple[str, ...]  # end a model turn besides EOS (a tool environment's closing tags)
     config: EnvConfig  # max_turns, token limits, step timeout, workers
+    # the tools' JSON schemas, rendered into every prompt by the chat template's `tools=` (TRL's classes)
+    tools: tuple[dict, ...] = ()
+    # the roles of the chat messages its observations send: the chat template must render them
+    # after the model's turn (checked at start-up)
+    chat_roles: tuple[str, ...] = ()
 
 
 def check_stop_strings(value: Any, where: str) -> tuple[str, ...]:
@@ -120,32 +148,39 @@ def check_stop_strings(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def check_environment_class(cls: Any, target: str) -> Callable[[], Any]:
+def reasonrl_mismatch(cls: type) -> str | None:
+    """Why `cls` does not have this protocol's methods (`reset(example)`, `step(turn)`), None
+    when it has them."""
+    for method, args in (("reset", ("example",)), ("step", ("turn",))):
+        fn = getattr(cls, method, None)
+        if not callable(fn):
+            return f"{cls.__name__} has no method {method}({', '.join(args)})"
+        try:
+            inspect.signature(fn).bind(None, *args)  # (self, ...) on the class
+        except TypeError as err:
+            return f"{cls.__name__}.{method} must accept ({', '.join(args)}): {err}"
+        except ValueError:
+            pass
+    return None
+
+
+def check_environment_class(cls: Any, target: str, other_styles: str = "") -> Callable[[], Any]:
     """`cls` (what `env.fn` names) as a factory of environments, after checking that it is a
     class building with no arguments, whose instances have `reset(example)` and `step(turn)`
-    and valid `stop_strings`; ConfigError naming `env.fn` and what is wrong otherwise."""
+    and valid `stop_strings`; ConfigError naming `env.fn` and what is wrong otherwise (followed
+    by `other_styles`, why no other `env.format` fits, when the style was detected)."""
     where = f"env.fn={target}"
-    if not inspect.isclass(cls):
-        raise ConfigError(f"{where}: expected a class (an environment is built per episode), got "
-                          f"{type(cls).__name__}")
+    check_is_class(cls, target)
     try:
         inspect.signature(cls).bind()
     except TypeError as err:
         raise ConfigError(f"{where}: the class must build with no arguments: {err}") from None
     except ValueError:  # no signature to read: building it below says more
         pass
-    for method, args in (("reset", ("example",)), ("step", ("turn",))):
-        fn = getattr(cls, method, None)
-        if not callable(fn):
-            raise ConfigError(f"{where}: {cls.__name__} has no method {method}({', '.join(args)}); an "
-                              "environment implements reset(example) and step(turn) (docs/environments.md)")
-        try:
-            inspect.signature(fn).bind(None, *args)  # (self, ...) on the class
-        except TypeError as err:
-            raise ConfigError(f"{where}: {cls.__name__}.{method} must accept ({', '.join(args)}): "
-                              f"{err}") from None
-        except ValueError:
-            pass
+    mismatch = reasonrl_mismatch(cls)
+    if mismatch is not None:
+        raise ConfigError(f"{where}: {mismatch}; an environment implements reset(example) and step(turn) "
+                          f"(docs/environments.md){other_styles}")
     try:
         sample = cls()
     except Exception as err:
@@ -154,10 +189,45 @@ def check_environment_class(cls: Any, target: str) -> Callable[[], Any]:
     return cls
 
 
+def check_is_class(cls: Any, target: str) -> None:
+    if not inspect.isclass(cls):
+        raise ConfigError(f"env.fn={target}: expected a class (an environment is built per episode), got "
+                          f"{type(cls).__name__}")
+
+
+@ENV_FORMATS.register("reasonrl", doc="reasonrl's protocol: reset(example) and step(turn) -> EnvStep",
+                      needs="reset(example) and step(turn)", detect=None)
+def reasonrl_environment(cls: type, cfg: EnvConfig, other_styles: str = "") -> EnvSpec:
+    """A class of this module's protocol, checked (`check_environment_class`), built per episode."""
+    make = check_environment_class(cls, cfg.fn, other_styles)
+    stops = check_stop_strings(getattr(make(), "stop_strings", ()), f"env.fn={cfg.fn}")
+    return EnvSpec(cfg.fn, make, stops, cfg)
+
+
+def public_methods(cls: type) -> list[str]:
+    """The names of `cls`'s public methods (its own and inherited, not `object`'s), sorted."""
+    return sorted(name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
+                  and not inspect.isclass(getattr(cls, name)))
+
+
+def detect_format(cls: type, target: str) -> tuple[str, str]:
+    """The `env.format` that `cls` is written in (env.format=auto): the first adapter style
+    whose `detect` accepts it (in `ENV_FORMATS`' order: skyrl, gymnasium, trl), else this
+    protocol; and, for the latter, the line saying why no other style fits (its methods, each
+    style's needs), for the error should it not be this protocol's either."""
+    for entry in ENV_FORMATS:
+        if entry.info["detect"] is not None and entry.info["detect"](cls):
+            return entry.name, ""
+    has = ", ".join(public_methods(cls)) or "no public method"
+    needs = "; ".join(f"{e.name} needs {e.info['needs']}" for e in ENV_FORMATS if e.name != "reasonrl")
+    return "reasonrl", f"; nor does it match another style (env.format): it has {has}; {needs}"
+
+
 def environment_spec(cfg: EnvConfig) -> EnvSpec | None:
     """The run's environment (None: env.name=none, single-turn), checked now: a user class of
-    `env.fn` (imported, `check_environment_class`) or a registered one built from the section;
-    ConfigError naming the key otherwise."""
+    `env.fn` (imported, in the style of `env.format`, detected when `auto`, through that
+    style's adapter) or a registered one built from the section; ConfigError naming the key
+    otherwise."""
     if cfg.fn:
         from reasonrl.rewards.verifiers import load_target
 
@@ -165,9 +235,11 @@ def environment_spec(cfg: EnvConfig) -> EnvSpec | None:
             cls = load_target(cfg.fn)
         except Exception as err:
             raise ConfigError(f"env.fn: cannot load {cfg.fn!r}: {type(err).__name__}: {err}") from None
-        make = check_environment_class(cls, cfg.fn)
-        stops = check_stop_strings(getattr(make(), "stop_strings", ()), f"env.fn={cfg.fn}")
-        return EnvSpec(cfg.fn, make, stops, cfg)
+        check_is_class(cls, cfg.fn)
+        style, other_styles = (cfg.format, "") if cfg.format != "auto" else detect_format(cls, cfg.fn)
+        if style == "reasonrl":
+            return reasonrl_environment(cls, cfg, other_styles)
+        return ENV_FORMATS.get(style)(cls, cfg)
     if cfg.name == "none":
         return None
     entry = ENVIRONMENTS[cfg.name]

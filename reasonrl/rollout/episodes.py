@@ -22,6 +22,12 @@ after its last turn, or whose next observation leaves no room for another model 
 An environment that raises or answers what is not an observation gives the episode an error
 observation (counted in `step_errors`); one that hangs past the timeout ends the episode.
 
+An environment's `reset` may set its episode's prompt (it returns an `Example`: TRL's and
+Gymnasium's text from reset, SkyRL's `init`): the prompt is rendered again by the rollout
+worker's `encode`, and turn 1 samples it (`_first_turn`). When the episode is over, however it
+ended (but a hung step), its environment's `end()` runs, if it has one: a reward it returns is
+added (TRL's `get_reward`), and the gym styles close there.
+
 Without an environment (`env.name=none`) the loop ends after turn 1: a single-turn rollout
 is the one-turn case, the same engine call and the same record (without `EpisodeStats`).
 """
@@ -32,6 +38,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +46,7 @@ import torch
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Turn
 from reasonrl.envs import BadStep, EnvSpec, EnvStep, Outcome, as_step, observation_text, run_calls
-from reasonrl.rollout.base import SEED_BOUND, RolloutEngine, SamplingParams
+from reasonrl.rollout.base import SEED_BOUND, Generation, RolloutEngine, SamplingParams
 
 PLACEHOLDER = "REASONRL-TURN-PLACEHOLDER"  # stands for the model's turn when rendering a chat message
 
@@ -59,35 +66,47 @@ def error_observation(message: str) -> str:
 
 class ObservationEncoder:
     """An observation -> the token ids appended after the model's turn. Text is tokenized as it
-    is; a chat message {"role", "content"} becomes what the tokenizer's chat template puts
-    between the model's turn and the next one: the end of the model's message (unless its last
-    token already is that end, e.g. EOS), the message, and the generation prompt."""
+    is; chat messages ({"role", "content"}, one or a list) become what the tokenizer's chat
+    template puts between the model's turn and the next one: the end of the model's message
+    (unless its last token already is that end, e.g. EOS), the messages, and the generation
+    prompt.
+
+    Append-only: the conversation so far is never rendered again, only the new messages, after
+    a placeholder assistant message (as TRL's `_get_tool_suffix_ids` and SkyRL's
+    `get_obs_ids_from_obs` take the suffix of a minimal conversation). What the template does
+    to earlier messages once others follow (Qwen3's strips `<think>...</think>` from assistant
+    messages before the last user query; it renders the last one with an empty think block)
+    cannot change the ids already in the trajectory: the model's turns stay the ids it sampled.
+    Only the text after the placeholder is read, from the one rendering that holds the new
+    messages."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def chat_text(self, message: dict, last_id: int | None) -> str:
-        """The text after a model turn ending with token `last_id` that adds `message` (ValueError
-        when the chat template cannot render it after an assistant message)."""
+    def chat_text(self, message: dict | list[dict], last_id: int | None) -> str:
+        """The text after a model turn ending with token `last_id` that adds `message` (or the
+        messages of a list; ValueError when the chat template cannot render them after an
+        assistant message)."""
+        messages = message if isinstance(message, list) else [message]
+        roles = "/".join(sorted({repr(m.get("role")) for m in messages}))
         base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PLACEHOLDER}]
         try:
-            before = self.tokenizer.apply_chat_template(base, tokenize=False)
-            after = self.tokenizer.apply_chat_template([*base, message], tokenize=False,
+            after = self.tokenizer.apply_chat_template([*base, *messages], tokenize=False,
                                                        add_generation_prompt=True)
         except Exception as err:
-            raise ValueError(f"the chat template cannot render a {message.get('role')!r} message after "
-                             f"the model's: {type(err).__name__}: {err}") from None
-        if not isinstance(before, str) or not after.startswith(before) or PLACEHOLDER not in before:
-            raise ValueError("the chat template renders the earlier messages differently once a "
-                             f"{message.get('role')!r} message follows; use tagged observations")
-        close = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER):]
+            raise ValueError(f"the chat template cannot render a {roles} message after the model's: "
+                             f"{type(err).__name__}: {err}") from None
+        if not isinstance(after, str) or after.count(PLACEHOLDER) != 1:
+            raise ValueError(f"the chat template does not render the model's message as it is once a {roles} "
+                             "message follows; use tagged observations")
+        text = after[after.index(PLACEHOLDER) + len(PLACEHOLDER):]
         if last_id is not None:
             last = self.tokenizer.decode([last_id])
-            if last and close.startswith(last):  # the model ended its message itself (EOS)
-                close = close[len(last):]
-        return close + after[len(before):]
+            if last and text.startswith(last):  # the model ended its message itself (EOS)
+                text = text[len(last):]
+        return text
 
-    def encode(self, observation: str | dict | None, last_id: int | None) -> list[int]:
+    def encode(self, observation: str | dict | list[dict] | None, last_id: int | None) -> list[int]:
         if observation is None:
             return []
         text = observation if isinstance(observation, str) else self.chat_text(observation, last_id)
@@ -114,6 +133,7 @@ class Episode:
     over: bool = False
     truncated: bool = False
     start_error: str | None = None  # why its environment did not start
+    hung: bool = False  # a step ran past its timeout: the environment is asked nothing more
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     reward: float = 0.0
 
@@ -121,9 +141,11 @@ class Episode:
 class EpisodeRunner:
     """Plays the episodes of one rollout call (see the module docstring)."""
 
-    def __init__(self, engine: RolloutEngine, tokenizer, env: EnvSpec | None = None):
+    def __init__(self, engine: RolloutEngine, tokenizer, env: EnvSpec | None = None,
+                 render: Callable[[Example], list[int]] | None = None):
         self.engine, self.tokenizer, self.env = engine, tokenizer, env
         self.encoder = ObservationEncoder(tokenizer)
+        self.render = render  # an example -> its prompt's ids (an environment's reset may set the prompt)
 
     def run(self, examples: list[Example], prompts: list[list[int]], params: SamplingParams,
             seeds: list[int] | None, version: int) -> Rollouts:
@@ -148,8 +170,8 @@ class EpisodeRunner:
         env = self.env
         active = list(range(len(episodes)))
         budgets = [self._budget(episodes[i], turn_cap, params.max_new_tokens) for i in active]
-        gen = self.engine.generate(prompts, dataclasses.replace(params, max_new_tokens=budgets[0], stop=stop),
-                                   seeds)
+        gen = self._first_turn(episodes, prompts,
+                               dataclasses.replace(params, max_new_tokens=budgets[0], stop=stop), seeds)
         turn = 1
         while True:
             self._record(episodes, active, gen, budgets)
@@ -178,7 +200,45 @@ class EpisodeRunner:
             turn_params = dataclasses.replace(params, n=1, max_new_tokens=max(budgets), stop=stop)
             gen = self.engine.generate([episodes[i].prompt + episodes[i].ids for i in active], turn_params,
                                        turn_seeds)
+        if env is not None:
+            seconds += self._end(episodes)
         return self._rollouts(episodes, len(prompts), params.n, version, seconds)
+
+    def _first_turn(self, episodes: list[Episode], prompts: list[list[int]], params: SamplingParams,
+                    seeds: list[int] | None) -> Generation:
+        """Turn 1: `n` samples of each prompt from its seed, the single-turn call. Where the
+        environments set their episodes' prompts (reset returned an `Example`), a prompt whose
+        `n` episodes all got the same one is sampled the same way from it; one whose episodes
+        got different prompts is no longer one prompt: each episode is sampled on its own, from
+        `turn_seed(seed, sample, 1)` (still a function of the episode alone)."""
+        n = params.n
+        shared, own = {}, []  # prompt index -> the prompt its n episodes share; episodes on their own
+        for k in range(len(prompts)):
+            mine = [episodes[k * n + s].prompt for s in range(n)]
+            if all(p == mine[0] for p in mine):
+                shared[k] = mine[0]
+            else:
+                own += range(k * n, k * n + n)
+        if not own:
+            return self.engine.generate(list(shared.values()), params, seeds)
+        rows: dict[int, tuple[list[int], bool, Any]] = {}  # episode -> (ids, truncated, log-probs)
+
+        def keep(gen: Generation, which: list[int]) -> None:
+            for j, i in enumerate(which):
+                logprobs = None if gen.logprobs is None else gen.logprobs[j]
+                rows[i] = (gen.completion_ids[j], gen.truncated[j], logprobs)
+
+        if shared:
+            gen = self.engine.generate(list(shared.values()), params,
+                                       None if seeds is None else [seeds[k] for k in shared])
+            keep(gen, [k * n + s for k in shared for s in range(n)])
+        own_seeds = None if params.greedy or seeds is None else \
+            [turn_seed(episodes[i].seed, episodes[i].sample, 1) for i in own]
+        alone = dataclasses.replace(params, n=1)
+        keep(self.engine.generate([episodes[i].prompt for i in own], alone, own_seeds), own)
+        order = [rows[i] for i in range(len(episodes))]
+        logprobs = None if any(r[2] is None for r in order) else [r[2] for r in order]
+        return Generation([r[0] for r in order], [r[1] for r in order], logprobs)
 
     # ---- the steps of the loop ----------------------------------------------------------
 
@@ -197,19 +257,59 @@ class EpisodeRunner:
         def start(ep: Episode):
             def call() -> Any:
                 instance = env.make()
-                instance.reset(ep.example)
-                return instance
+                return instance, instance.reset(ep.example)
             return call
 
         t = time.perf_counter()
         outcomes = run_calls([start(ep) for ep in episodes], env.config.step_timeout, env.config.workers)
         for ep, outcome in zip(episodes, outcomes, strict=True):
-            if outcome.error is None:
-                ep.env = outcome.value
+            error = outcome.error
+            if error is None:
+                instance, example = outcome.value
+                if isinstance(example, Example) and example != ep.example:  # the environment set the task
+                    try:
+                        if self.render is None:
+                            raise ValueError("this rollout cannot render a prompt an environment sets")
+                        ep.prompt, ep.example = self.render(example), example
+                    except Exception as err:  # too long, or not renderable: as a failed start
+                        error = f"its prompt: {type(err).__name__}: {err}"
+            if error is None:
+                ep.env = instance
             else:
-                ep.start_error = f"the environment did not start: {outcome.error}"
+                ep.start_error = f"the environment did not start: {error}"
                 ep.counts["step_errors"] += 1
                 ep.counts["step_timeouts"] += outcome.timed_out
+        return time.perf_counter() - t
+
+    def _end(self, episodes: list[Episode]) -> float:
+        """Each finished episode's environment's `end()`, where it has one (concurrently, timed
+        out like a step; not for an environment whose step hung: it is asked nothing more). A
+        number it returns is added to the episode's reward (and its last turn's); one that
+        raises, hangs or returns what is no finite number is counted in `step_errors`, as a
+        step's failure. Returns the seconds spent."""
+        ending = [ep for ep in episodes
+                  if ep.env is not None and not ep.hung and callable(getattr(ep.env, "end", None))]
+        if not ending:
+            return 0.0
+        t = time.perf_counter()
+        cfg = self.env.config
+        outcomes = run_calls([ep.env.end for ep in ending], cfg.step_timeout, cfg.workers)
+        for ep, outcome in zip(ending, outcomes, strict=True):
+            failure = outcome.error
+            if failure is None:
+                try:
+                    reward = as_step(EnvStep(reward=outcome.value)).reward
+                except BadStep as err:
+                    failure = f"end(): {err}"
+            if failure is not None:
+                ep.counts["step_errors"] += 1
+                ep.counts["step_timeouts"] += outcome.timed_out
+                last = ep.turns[-1]
+                ep.turns[-1] = dataclasses.replace(last, error="; ".join(
+                    e for e in (last.error, f"the environment's end {failure}") if e))
+            elif reward is not None:
+                ep.reward += float(reward)
+                ep.turns[-1] = dataclasses.replace(ep.turns[-1], reward=(ep.turns[-1].reward or 0.0) + reward)
         return time.perf_counter() - t
 
     def _record(self, episodes: list[Episode], active: list[int], gen, budgets: list[int]) -> None:
@@ -246,6 +346,7 @@ class EpisodeRunner:
         if outcome.timed_out:  # the hung step still owns the environment: nothing more to ask it
             ep.counts["step_errors"] += 1
             ep.counts["step_timeouts"] += 1
+            ep.hung = True
             ep.turns[-1] = dataclasses.replace(ep.turns[-1], error=f"environment step {outcome.error}")
             ep.over = ep.truncated = True
             return

@@ -70,13 +70,14 @@ def check_prompt_lengths(rollout, examples: list[Example], max_prompt_tokens: in
     return summary
 
 
-def check_chat_observations(tokenizer, role: str) -> None:
+def check_chat_observations(tokenizer, role: str, key: str = "env.observation_format=chat",
+                            fix: str = "use env.observation_format=tagged") -> None:
     """ConfigError unless the tokenizer's chat template renders a `role` message after the
-    model's turn (`env.observation_format=chat`)."""
+    model's turn (`env.observation_format=chat`, or an env.fn class's chat observations)."""
     try:
         ObservationEncoder(tokenizer).chat_text({"role": role, "content": "42"}, None)
     except ValueError as err:
-        raise ConfigError(f"env.observation_format=chat: {err}; use env.observation_format=tagged") from None
+        raise ConfigError(f"{key}: {err}; {fix}") from None
 
 
 class RolloutWorker:
@@ -90,6 +91,13 @@ class RolloutWorker:
         self.env = env  # the run's environment (reasonrl.envs.environment_spec); None = single-turn
         if env is not None and env.config.observation_format == "chat" and not env.config.fn:
             check_chat_observations(tokenizer, "tool" if env.name == "tool" else "user")
+        for role in env.chat_roles if env is not None else ():  # an env.fn adapter's messages
+            check_chat_observations(tokenizer, role, f"env.fn={env.name}", "its observations are chat "
+                                    "messages: use a model whose chat template renders them")
+        if env is not None and env.tools and not apply_chat_template:
+            raise ConfigError(f"env.fn={env.name}: its tools are rendered into the prompt by the chat "
+                              "template, which data.apply_chat_template=false leaves out; set it to true")
+        self.tools = env.tools if env is not None else ()
         self.apply_chat_template, self.system_prompt = apply_chat_template, system_prompt
         self.max_prompt_tokens = max_prompt_tokens
         if truncate_prompts not in ("error", "left"):
@@ -103,7 +111,8 @@ class RolloutWorker:
         naming the record), or with `truncate_prompts="left"` its last `max_prompt_tokens`
         tokens (TRL's left truncation: the end of the prompt, where the question and the
         generation prompt are, is kept). `whole`: all of them, unchecked (to count what is cut)."""
-        text = render_prompt(example, self.tokenizer, self.apply_chat_template, self.system_prompt)
+        text = render_prompt(example, self.tokenizer, self.apply_chat_template, self.system_prompt,
+                             self.tools)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt_tokens and not whole:
             if self.truncate_prompts == "left":
@@ -122,7 +131,7 @@ class RolloutWorker:
         prompts = [self.encode(e) for e in examples]
         if seeds is None and not params.greedy:
             seeds = prompt_seeds(len(prompts))
-        runner = EpisodeRunner(self.engine, self.tokenizer, self.env)
+        runner = EpisodeRunner(self.engine, self.tokenizer, self.env, self.encode)
         return runner.run(examples, prompts, params, seeds, self.policy_version)
 
     def probe_due(self) -> list[int] | None:
