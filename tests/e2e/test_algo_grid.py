@@ -41,9 +41,17 @@ def cached_tiny_model(tiny, monkeypatch):
                         lambda *args, **kwargs: (copy.deepcopy(model), tokenizer))
 
 
-def length_rewards(texts, *args, **kwargs) -> Scores:
-    """A deterministic reward with spread inside groups: the text length mod 3, halved."""
-    total = torch.tensor([(len(t) % 3) / 2 for t in texts], dtype=torch.float32)
+def length_rewards(texts, *args, groups, **kwargs) -> Scores:
+    """A deterministic reward with spread inside every group, by construction: a row's rank in
+    its group plus its text's length mod 3 over 8 (less than 1, so ranks stay apart). The length
+    alone (mod 3, halved) left a group of 2 flat one time in 3, and a step without signal
+    1 in 81 (every group flat): how often depended on what the model sampled on this CPU."""
+    ranks, seen = [], {}
+    for g in groups:
+        ranks.append(seen.setdefault(g, 0))
+        seen[g] += 1
+    total = torch.tensor([r + (len(t) % 3) / 8 for r, t in zip(ranks, texts, strict=True)],
+                         dtype=torch.float32)
     return Scores(total=total, components={"correct": total})
 
 
