@@ -166,6 +166,24 @@ class Scores(Rows):
     failures: list[str | None] | None = None  # why row i's reward failed (naming the function), or None
     timed_out: list[bool] | None = None  # row i's failure is a timeout (counted in `timeouts`)
     parts: list[dict[str, float]] | None = None  # row i's named parts from its verifier (partial credits)
+    # name -> [N] bool: whether that component's function applied to row i (False: a TRL reward
+    # function returned None, and the component is left out of row i's total); None: all applied
+    applied: dict[str, torch.Tensor] | None = None
+    # row i's values its reward functions asked to log (verl's dict keys, OpenRLHF's extra_logs, TRL's
+    # log_metric), "<style or reward.fns name>/<key>" -> value; the step logs each key's mean
+    logged: list[dict[str, float]] | None = None
+
+    @property
+    def unscored(self) -> torch.Tensor:
+        """[N] bool: rows no reward component applied to (every function returned None, TRL's
+        "unscorable" completion): their advantage is 0 and they stay out of their group's
+        statistics (`reasonrl.train.advantage_stage`)."""
+        rows = torch.zeros(len(self.total), dtype=torch.bool)
+        if not self.applied:
+            return rows
+        if any(name not in self.applied for name in self.components):  # a component that always applies
+            return rows
+        return ~torch.stack([self.applied[name] for name in self.components]).any(dim=0)
 
 
 @dataclass

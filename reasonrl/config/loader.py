@@ -181,8 +181,9 @@ def _range_text(meta: dict) -> str:
     return f"must be {'<=' if high[1] == ']' else '<'} {high[0]:g}"
 
 
-def _check(value: Any, meta: Any, path: str) -> None:
-    """A field's own constraint (`param`): its range, its allowed values or mapping keys."""
+def _check(value: Any, meta: Any, path: str, siblings: dict | None = None) -> None:
+    """A field's own constraint (`param`): its range, its allowed values or mapping keys (and
+    the keys of the sibling mapping `also_keys` names, from the section's `siblings` as given)."""
     if not meta:
         return
     if isinstance(value, list) and _has_range(meta):  # a list's range holds for each item
@@ -201,9 +202,14 @@ def _check(value: Any, meta: Any, path: str) -> None:
         raise ConfigError(f"{path}: {value!r} is not allowed{hint}; allowed values: {listed}")
     if "keys" in meta:
         allowed = meta["keys"] if isinstance(meta["keys"], tuple) else meta["keys"].names()
+        sibling = (siblings or {}).get(meta.get("also_keys"))
+        named = tuple(str(k) for k in sibling) if isinstance(sibling, dict) else ()
+        section = path.rpartition(".")[0]
+        also = f", or a name of {section}.{meta['also_keys']}: {', '.join(named)}" if named else ""
         for key in value:
-            if key not in allowed:
-                raise ConfigError(f"{path}.{key}: unknown {meta['noun']}; allowed: {', '.join(allowed)}")
+            if key not in allowed and key not in named:
+                raise ConfigError(f"{path}.{key}: unknown {meta['noun']}; allowed: {', '.join(allowed)}"
+                                  f"{also}")
 
 
 MOVED = {"rollout.eval_max_new_tokens": "eval.max_new_tokens"}  # keys that moved: old -> new
@@ -253,7 +259,7 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
             raise ConfigError(f"unknown config key {full!r}{hint}; allowed keys"
                               f"{' in ' + path if path else ''}: {', '.join(fields)}")
         kwargs[key] = _coerce(value, hints[key], full, fields[key].metadata)
-        _check(kwargs[key], fields[key].metadata, full)
+        _check(kwargs[key], fields[key].metadata, full, data)
     return cls(**kwargs)
 
 

@@ -21,6 +21,7 @@ from reasonrl.config.schema import (
     Config,
     CriticConfig,
     EnvConfig,
+    RewardConfig,
     RewardModelConfig,
     TeacherConfig,
 )
@@ -35,6 +36,10 @@ from reasonrl.registry import (
 )
 
 MIN_REWARD_MEMORY_MB = 512  # reward.max_memory_mb's least bound (0 aside)
+# reward/<name> metrics a step logs of its own (train/step_metrics.py, source/collect.py): no
+# reward.fns name may take one
+REWARD_METRICS = ("mean", "std", "errors", "timeouts", "zero_std_groups", "accuracy", "unscored", "env",
+                  "overlong_penalty", "mean_before_filter")
 
 
 def need(ok: bool, msg: str) -> None:
@@ -136,14 +141,36 @@ def reward_rules(cfg: Config) -> None:
          f"reward.max_memory_mb: {rw.max_memory_mb} MB is too little for a reward worker, whose interpreter "
          f"and imports take ~300 MB before the reward function runs: give >= {MIN_REWARD_MEMORY_MB}, or 0 "
          "for no bound")
+    reward_fn_rules(rw)
     reward_model_rules(cfg)
+
+
+def reward_fn_rules(rw: RewardConfig) -> None:
+    """reward.fns: names apart from the built-in components, each a target and weighted;
+    reward.batch_fn is reasonrl's batch form; reward.fn_kwargs needs a function to go to."""
+    for name, target in rw.fns.items():
+        need(name not in REWARD_COMPONENTS, f"reward.fns.{name}: {name!r} is a built-in reward component; "
+             "give the function another name")
+        need(name not in REWARD_METRICS and re.fullmatch(r"[A-Za-z_][\w-]*", name) is not None,
+             f"reward.fns.{name}: its metric would be reward/{name}, " + (
+                 "which the step logs already" if name in REWARD_METRICS else "not a plain name")
+             + "; give the function another name (letters, digits, _ and -)")
+        need(":" in str(target) and all(str(target).rpartition(":")[::2]),
+             f"reward.fns.{name}: expected module:function or path/file.py:function, got {target!r}")
+        need(name in rw.weights, f"reward.fns.{name}: not in reward.weights, so it is not computed; add "
+             f"reward.weights.{name} (TRL's reward_weights default to 1.0 each)")
+    need(not rw.batch_fn or rw.fn_style in ("auto", "reasonrl_batch"),
+         f"reward.batch_fn: reasonrl's batch form, but reward.fn_style={rw.fn_style}; give a function of "
+         "another style as reward.fn")
+    need(not rw.fn_kwargs or bool(rw.fn or rw.fns or rw.batch_fn),
+         "reward.fn_kwargs: set, but there is no reward.fn, reward.fns or reward.batch_fn to pass them to")
 
 
 def reward_model_rules(cfg: Config) -> None:
     """reward.model: set only when reward.weights names the one component it scores (`judge` or
     `classifier`); a template with known fields; two distinct verdicts; Ray resources in ray."""
     rw, m, default = cfg.reward, cfg.reward.model, RewardModelConfig()
-    models = [k for k in rw.weights if REWARD_COMPONENTS[k].info.get("model")]
+    models = [k for k in rw.weights if k in REWARD_COMPONENTS and REWARD_COMPONENTS[k].info.get("model")]
     if not models:
         changed = [f"reward.model.{f.name}" for f in dataclasses.fields(m)
                    if getattr(m, f.name) != getattr(default, f.name)]

@@ -238,11 +238,23 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     # weighted sum of named components (the REWARD_COMPONENTS registry, reasonrl.rewards.components)
-    weights: dict[str, float] = param({"correct": 1.0}, keys=REWARD_COMPONENTS, noun="reward component")
+    # (and the names of reward.fns)
+    weights: dict[str, float] = param({"correct": 1.0}, keys=REWARD_COMPONENTS, noun="reward component",
+                                      also_keys="fns")
     fallback_last_number: bool = True  # no \boxed / <answer>: take the last number
     # which verifier scores `correct`: auto = from each example's data_source (README, "Tasks")
     task: str = param("auto", choices=VERIFIERS, also=("auto",))
     fn: str = ""  # custom verifier for `correct`, "module:function" or "file.py:function"
+    # reward functions beside `correct`, name -> "module:function": each the component of its name,
+    # weighted in reward.weights (TRL's reward_funcs and reward_weights; docs/reward-functions.md)
+    fns: dict[str, str] = param({})
+    # how reward.fn and reward.fns are called: auto = told by each function's parameter names, passed by
+    # name; reasonrl = f(completion, ground_truth, extra_info); reasonrl_batch = f(completions,
+    # ground_truths, groups, extra_infos); trl = TRL's reward_funcs; verl = verl's compute_score;
+    # openrlhf = OpenRLHF's reward_func (docs/reward-functions.md)
+    fn_style: Literal["auto", "reasonrl", "reasonrl_batch", "trl", "verl", "openrlhf"] = "auto"
+    # extra keyword arguments of reward.fn, reward.fns and reward.batch_fn (verl's reward_kwargs)
+    fn_kwargs: dict[str, Any] = param({})
     isolate_fn: bool = True  # run reward.fn in a worker process, with reward.timeout
     timeout: float = param(5.0, gt=0)  # seconds per sample for out-of-process verifiers (math, reward.fn)
     num_workers: int = param(2, ge=1)  # reward worker processes
@@ -273,7 +285,7 @@ class RewardConfig:
     # then the weighted sum (GDPO, docs/algorithms.md). gate: components that must score > 0 for
     # the sum to count (gdpo: for any component to count)
     combine: Literal["sum", "all", "gdpo"] = "sum"
-    gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component")
+    gate: list[str] = param([], keys=REWARD_COMPONENTS, noun="reward component", also_keys="fns")
     model: RewardModelConfig = field(default_factory=RewardModelConfig)  # the judge / classifier
 
 

@@ -150,7 +150,8 @@ def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[
                 bar.set_postfix_str(f"{batch}: scoring")
                 t = time.perf_counter()
                 scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True,
-                                        groups=rollouts.group.tolist())
+                                        groups=rollouts.group.tolist(),
+                                        completion_ids=rollouts.completion_ids)
                 times["reward_s"] += time.perf_counter() - t
                 entropies = None
                 if settings.entropy:

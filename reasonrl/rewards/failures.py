@@ -25,8 +25,10 @@ def describe_exception(err: BaseException) -> str:
 
 
 def describe_verifier(verifier: Verifier) -> str:
-    """The reward function a user would look for: `reward.fn m:f`, `reward.batch_fn m:f`, or
-    the built-in task verifier."""
+    """The reward function a user would look for: `reward.fn m:f`, `reward.batch_fn m:f`,
+    `reward.fns.<name> m:f`, or the built-in task verifier."""
+    if verifier.name:
+        return f"{verifier.name} {verifier.target}"
     if verifier.batch:
         return f"reward.batch_fn {verifier.target}"
     if verifier.task == "custom":

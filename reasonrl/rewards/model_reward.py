@@ -38,7 +38,7 @@ _HOSTS: dict[str, Any] = {}  # spec -> its host, in this process
 
 def is_model_component(name: str) -> bool:
     """Whether reward.weights' `name` is scored by reward.model (`judge`, `classifier`)."""
-    return bool(REWARD_COMPONENTS[name].info.get("model", False))
+    return name in REWARD_COMPONENTS and bool(REWARD_COMPONENTS[name].info.get("model", False))
 
 
 def spec_of(kind: str, model_cfg) -> dict:

@@ -34,7 +34,8 @@ class Call:
     """One reward call: `target` is "module:function" (or "file.py:function"). With `batch`
     ({"completions", "ground_truths", "groups", "extra_infos"}: lists) it is one call of a
     batch reward (`reward.batch_fn`) over all of them; `completion` and `ground_truth` are
-    then unused."""
+    then unused. With `style` (a `styles.STYLES` name) the function is called as that style
+    calls it (`styles.invoke`) on `batch`, which then holds every one of `styles.COLUMNS`."""
 
     target: str
     completion: str
@@ -45,6 +46,7 @@ class Call:
     # keyword arguments of the target's `warmup` (reward.model: the model to load), called when a
     # worker loads the target, within the pool's load timeout, not the call's
     warmup: dict | None = None
+    style: str = ""  # how the function is called: a `styles.STYLES` name, "" for the forms above
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Outcome:
     error: str | None = None
     ground_truth_error: bool = False  # the function raised GroundTruthError: a data bug
     out_of_memory: bool = False  # `error` is a MemoryError: the worker's memory bound was reached
+    not_applied: bool = False  # a TRL function returned None: it does not apply to this completion
+    logged: dict[str, float] | None = None  # what the function asked to log for this completion
 
 
 def hard_deadline(timeout: float) -> float:
@@ -151,6 +155,8 @@ def request_of(call: Call, timeout: float) -> dict:
                "extra_info": call.extra_info, "options": call.options, "timeout": timeout}
     if call.batch is not None:
         message["batch"] = call.batch
+    if call.style:
+        message["style"] = call.style
     return message
 
 

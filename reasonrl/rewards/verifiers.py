@@ -25,13 +25,18 @@ any other exception scores 0 and is counted in `reward/errors`.
 
 The task of a sample comes from `reward.fn` (a custom function for all samples), else
 `reward.task`, else (`reward.task=auto`) the example's `data_source`: see `task_for_source`.
+
+`reward.fn`, `reward.batch_fn` and each `reward.fns` entry may also be written as TRL, verl
+or OpenRLHF write theirs: `function_verifier` resolves the function's style (`styles.py`,
+`reward.fn_style`) and `check_functions` refuses, before training, a function that fits no
+style or cannot take its style's call.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
+import json
 import math
 import os
 import sys
@@ -44,6 +49,7 @@ from reasonrl.errors import ConfigError, GroundTruthError
 from reasonrl.registry import VERIFIERS
 from reasonrl.rewards.model_reward import check_reward_model
 from reasonrl.rewards.pool import MAX_MEMORY_MB, Call, get_pool
+from reasonrl.rewards.styles import BATCH_STYLES, check_call, resolve, trl_columns
 
 # The verifiers' own modules register them (`@VERIFIERS.register`, `reasonrl.registry`
 # names the modules). `isolated`: runs in a worker process with a hard timeout; `options`:
@@ -64,9 +70,19 @@ class Verifier:
     workers: int = 2
     batch: bool = False  # reward.batch_fn: one call for every sample of a batch
     max_memory_mb: int = MAX_MEMORY_MB  # isolated: each worker's memory bound (0: none)
+    # a reward function of the config: its `styles.STYLES` name ("" for the task verifiers' and
+    # reward.batch_fn's forms above), the key naming it ("reward.fn", "reward.fns.<name>") and
+    # reward.fn_kwargs as JSON text (kept hashable)
+    style: str = ""
+    name: str = ""
+    kwargs: str = ""
 
     def fn(self) -> Callable[..., Any]:
         return load_target(self.target)
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments a call adds: the verifier's options, reward.fn_kwargs over them."""
+        return {**dict(self.options), **(json.loads(self.kwargs) if self.kwargs else {})}
 
 
 def task_for_source(data_source: str) -> str:
@@ -96,8 +112,7 @@ def task_verifier(task: str, options: dict[str, Any], timeout: float = 5.0, work
 def make_verifier(task: str, cfg) -> Verifier:
     """The verifier for `task` with the options of a RewardConfig `cfg`."""
     if task == "custom":
-        return Verifier("custom", cfg.fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers,
-                        max_memory_mb=cfg.max_memory_mb)
+        return function_verifier(cfg, "reward.fn", cfg.fn)
     options = {kw: getattr(cfg, field) for kw, field in VERIFIERS[task].info.get("options", {}).items()}
     return task_verifier(task, options, cfg.timeout, cfg.num_workers, cfg.max_memory_mb)
 
@@ -105,12 +120,56 @@ def make_verifier(task: str, cfg) -> Verifier:
 def verifier_for(data_source: str, cfg) -> Verifier:
     """reward.batch_fn > reward.fn > reward.task > the data_source (reward.task=auto)."""
     if cfg.batch_fn:
-        return Verifier("batch", cfg.batch_fn, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers, batch=True,
-                        max_memory_mb=cfg.max_memory_mb)
+        return function_verifier(cfg, "reward.batch_fn", cfg.batch_fn)
     if cfg.fn:
         return make_verifier("custom", cfg)
     task = cfg.task if cfg.task != "auto" else task_for_source(data_source)
     return make_verifier(task, cfg)
+
+
+def function_verifier(cfg, key: str, target: str) -> Verifier:
+    """The verifier of one reward function of a RewardConfig `cfg` (`key`: reward.fn,
+    reward.batch_fn, reward.fns.<name>): imported here, its style resolved (reward.fn_style, or
+    told by its parameter names; reward.batch_fn is reasonrl's batch form), one call per batch
+    for a batch style, in the reward worker pool unless reward.isolate_fn=false. ConfigError,
+    naming the key, when it cannot be imported or fits no style."""
+    try:
+        wanted = "reasonrl_batch" if key == "reward.batch_fn" else cfg.fn_style
+        style = resolve(load_target(target), wanted)
+    except Exception as err:
+        raise ConfigError(f"{key}: cannot use {target!r}: {type(err).__name__}: {err}") from None
+    kwargs = json.dumps(cfg.fn_kwargs, sort_keys=True) if cfg.fn_kwargs else ""
+    task = "batch" if key == "reward.batch_fn" else "custom"
+    return Verifier(task, target, (), cfg.isolate_fn, cfg.timeout, cfg.num_workers,
+                    batch=style in BATCH_STYLES, max_memory_mb=cfg.max_memory_mb, style=style, name=key,
+                    kwargs=kwargs)
+
+
+def function_verifiers(cfg) -> dict[str, Verifier]:
+    """reward.fns as component name -> its function's verifier."""
+    return {name: function_verifier(cfg, f"reward.fns.{name}", target) for name, target in cfg.fns.items()}
+
+
+def check_functions(examples: list, cfg) -> None:
+    """Every reward function of `cfg` (reward.fn / reward.batch_fn, reward.fns) imported, its style
+    resolved and its signature checked against its style's call (`styles.check_call`; a TRL
+    function's required columns against the records'), an OpenRLHF one given text prompts only:
+    ConfigError naming the key, the function and why, before training."""
+    functions = [(k, t) for k, t in (("reward.fn", cfg.fn), ("reward.batch_fn", cfg.batch_fn)) if t]
+    functions += [(f"reward.fns.{name}", target) for name, target in cfg.fns.items()]
+    for key, target in functions:
+        verifier = function_verifier(cfg, key, target)
+        try:
+            explicit = cfg.fn_style != "auto" or key == "reward.batch_fn"
+            check_call(load_target(target), verifier.style, dict(cfg.fn_kwargs),
+                       trl_columns(e.meta for e in examples), explicit)
+            chat = next((e for e in examples if not isinstance(e.prompt, str)), None)
+            if verifier.style == "openrlhf" and chat is not None:
+                raise TypeError(f"{chat.meta.get('origin', chat.data_source)}: the prompt is a list of chat "
+                                "messages, and OpenRLHF's reward_func reads text (prompts, and queries = "
+                                "prompt + completion); give text prompts")
+        except TypeError as err:
+            raise ConfigError(f"{key}: cannot use {target!r}: {err}") from None
 
 
 _LOADED: dict[str, Callable[..., Any]] = {}
@@ -186,25 +245,22 @@ def as_score(value: Any) -> tuple[float, dict[str, float]]:
 
 def check_examples(examples: list, cfg) -> None:
     """Fail before training on ground truths a verifier cannot read, or a broken reward.fn /
-    reward.batch_fn.
+    reward.batch_fn / reward.fns.
 
     Each verifier's `check` reads every ground truth: in-process for the tasks whose ground
     truth has a fixed shape (numbers for numeric/gsm8k, JSON for countdown/piecewise); in the
     reward worker pool for isolated verifiers (math: math-verify must read it as more than its
-    own text), each distinct ground truth once, within `reward.timeout`. `reward.fn` and
-    `reward.batch_fn` are imported and their signatures checked. Raises GroundTruthError naming
-    file:line, or ConfigError for reward.fn / reward.batch_fn. reward.model, when reward.weights
-    names it, loads now (`model_reward.check_reward_model`): ModelLoadError if it cannot.
+    own text), each distinct ground truth once, within `reward.timeout`. `reward.fn`,
+    `reward.batch_fn` and `reward.fns` are imported and their signatures checked. Raises
+    GroundTruthError naming file:line, or ConfigError for reward.fn / reward.batch_fn /
+    reward.fns (`check_functions`).
+    reward.model, when reward.weights names it, loads now (`model_reward.check_reward_model`):
+    ModelLoadError if it cannot.
     """
     check_reward_model(cfg)
-    for key, target, check in (("reward.fn", cfg.fn, check_signature),
-                               ("reward.batch_fn", cfg.batch_fn, check_batch_signature)):
-        if target:
-            try:
-                check(load_target(target), target)
-            except Exception as err:
-                raise ConfigError(f"{key}: cannot use {target!r}: {type(err).__name__}: {err}") from None
-            return
+    check_functions(examples, cfg)
+    if cfg.fn or cfg.batch_fn:  # `correct` is that function's: no task verifier reads the ground truths
+        return
     tasks: dict[str, str] = {}
     remote: dict[str, dict[str, object]] = {}  # task -> ground truth -> its first example
     for e in examples:

@@ -9,6 +9,8 @@ Reads one JSON request per line on stdin, answers one JSON line on its own copy 
                                                             | {"error": "MemoryError...", "memory": true}
   the same with "batch": {"completions", "ground_truths", "groups", "extra_infos"}: one call
   fn(completions, ground_truths, groups, extra_infos, **options) -> {"value": [...]} | ...
+  the same with "style" (and "batch" holding `styles.COLUMNS`): fn called as that style calls it,
+  `styles.invoke(style, fn, batch, options)` -> {"value": {"values": [...], "logged": [...]}} | ...
 Anything the reward function prints goes to stderr, so it cannot corrupt the replies. Its memory
 is bounded by `--max-memory-mb N` (reward.max_memory_mb; 0: no bound, a model's worker), see
 `bound_memory`.
@@ -96,6 +98,7 @@ def call_reply(request: dict, timer: bool = True) -> dict:
     "timeout" by SIGALRM (the main thread of a worker process only; a Ray actor's caller kills
     the actor at its deadline instead)."""
     from reasonrl.errors import GroundTruthError
+    from reasonrl.rewards.styles import invoke
     from reasonrl.rewards.verifiers import load_target
 
     fn = load_target(request["target"])
@@ -103,7 +106,9 @@ def call_reply(request: dict, timer: bool = True) -> dict:
         try:
             if timer:
                 signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
-            if "batch" in request:
+            if "style" in request:  # another framework's form, or reasonrl's own by name
+                value = invoke(request["style"], fn, request["batch"], request["options"])
+            elif "batch" in request:
                 b = request["batch"]
                 value = fn(b["completions"], b["ground_truths"], b["groups"], b["extra_infos"],
                            **request["options"])

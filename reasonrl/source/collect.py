@@ -83,7 +83,8 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         if cfg.data.truncate_prompts == "left":  # the prompts sampled that lost their start
             cut += sum(n > 0 for n in prompt_cuts(rollout, examples, cfg.data.max_prompt_tokens))
         t = time.perf_counter()
-        scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist())
+        scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist(),
+                                completion_ids=rollouts.completion_ids)
         scores = with_env_reward(scores, rollouts)
         rewards = step_rewards(scores, rollouts, sampling.max_new_tokens, cfg)
         seconds["reward"] += time.perf_counter() - t

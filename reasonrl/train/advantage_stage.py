@@ -12,12 +12,18 @@ holds:
   model tokens; the advantages come back whitened over the batch's tokens when
   `algo.whiten_advantages`, and the critic's regression targets (the returns) as a
   `CriticBatch`.
+A row no reward function applied to (`Scores.unscored`: every TRL-style function returned None)
+has advantage 0 and stays out of its group's statistics, as TRL's GRPOTrainer leaves an
+unscorable completion's NaN reward out (`scored_advantages`); under a critic its tokens get 0
+and neither whiten the others nor train the critic.
 With a teacher (on-policy distillation, `teacher.path`) the estimator's advantages, times
 teacher.task_weight, gain each token's coef x (log pi_teacher - log pi_student) from the teacher
 stage's log-probs (`distilled`, `reasonrl.algo.distill`): per-token advantages [N, T].
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -88,6 +94,21 @@ def distilled(advantages: torch.Tensor, rollouts: Rollouts, teacher: TeacherScor
                  "distill/student_logprob": mean(student), "distill/teacher_prefers": mean((kl < 0).float())}
 
 
+def scored_advantages(mode: str, inputs: AdvantageInputs, unscored: torch.Tensor) -> torch.Tensor:
+    """Group estimator `mode`'s advantages [N] with the `unscored` rows left out: every group's
+    statistics come from its other rows and an unscored row's advantage is 0. TRL's GRPOTrainer
+    (`_generate_and_score_completions`) does the same to a completion every reward function
+    returned None for: its reward is NaN, the group mean and std are nanmean / nanstd, and
+    nan_to_num sets its advantage to 0."""
+    if not bool(unscored.any()):
+        return estimate(mode, inputs)[0]
+    out, kept = torch.zeros_like(inputs.rewards), ~unscored
+    if bool(kept.any()):
+        group = torch.unique(inputs.group[kept], return_inverse=True)[1]  # ids 0..k-1 of the groups left
+        out[kept] = estimate(mode, dataclasses.replace(inputs, rewards=inputs.rewards[kept], group=group))[0]
+    return out
+
+
 def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
                     values: list[torch.Tensor] | None, trainable: torch.Tensor,
                     algo: AlgoConfig) -> tuple[torch.Tensor, CriticBatch | None, dict[str, float]]:
@@ -97,7 +118,7 @@ def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
     without KL in the reward); `values`: each completion's per-token values (the values
     stage; None without a critic). The mean summed KL is `train/kl_in_reward`; `batch` is
     not changed."""
-    rollouts = batch.rollouts
+    rollouts, unscored = batch.rollouts, batch.scores.unscored
     metrics: dict[str, float] = {}
     if token_kl is not None:
         # the model's tokens only: an episode's environment tokens are context, not actions
@@ -110,7 +131,7 @@ def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
             kl, mask = padded(token_kl, max(len(k) for k in token_kl))
             rewards = kl_penalised_rewards(rewards, kl, mask, algo.beta)
         inputs = AdvantageInputs(rewards.float(), rollouts.group, algo.std_eps, std_ddof=algo.std_ddof)
-        return estimate(algo.advantage, inputs)[0], None, metrics
+        return scored_advantages(algo.advantage, inputs, unscored), None, metrics
     # GAE runs over each row's model tokens in order (an episode's environment tokens are not
     # actions: the state after a turn's last token is the next turn's first), then goes back to
     # the completion positions, 0 on environment tokens; single-turn rows are all model tokens
@@ -123,10 +144,12 @@ def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
                              token_rewards=token_rewards(batch.rewards, mask, kl_t, algo.beta),
                              values=values_t, mask=mask, gamma=algo.gamma, lam=algo.lam)
     advantages, returns = estimate(algo.advantage, inputs)
+    trainable = trainable & ~unscored  # an unscored row: no advantage, no critic target
     valid = mask * trainable[:, None].float()
     metrics.update(critic_metrics(values_t, returns, advantages, valid))
     if algo.whiten_advantages:
         advantages = masked_whiten(advantages, valid)
+    advantages = advantages * (~unscored)[:, None].float()
     full = torch.zeros(len(values), max(len(c) for c in rollouts.completion_ids))
     returns_full = []
     for i, (v, p) in enumerate(zip(values, picks, strict=True)):

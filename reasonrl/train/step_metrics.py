@@ -15,7 +15,10 @@ from reasonrl.batch import Rollouts, StepBatch
 def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
                   trainable: torch.Tensor | None = None) -> dict[str, float]:
     """reward/, advantage/ and rollout/ metrics of the batch that is trained on. Tokens per
-    second count every generated token, dropped resampled groups included. Token advantages
+    second count every generated token, dropped resampled groups included. A component a TRL
+    reward function scores is the mean over the rows it applied to, `reward/unscored` counts
+    the rows none applied to, and each value the reward functions logged is its mean over the
+    rows that logged it (`reward/verl/acc`). Token advantages
     [N, T] (a critic's) are summarised over the model tokens of the `trainable` rows. Response
     lengths count the model's tokens; multi-turn episodes add `episode_metrics`."""
     rollouts, scores = batch.rollouts, batch.scores
@@ -45,14 +48,31 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
         "rollout/tokens_per_s": generated / max(batch.seconds.get("rollout", 0.0), 1e-9),
         **stats,
     }
+    applied = scores.applied or {}
     for name, values in scores.components.items():
-        metrics[f"reward/{name}"] = values.mean().item()
+        rows = applied.get(name, torch.ones(len(values), dtype=torch.bool))
+        if bool(rows.any()):  # a TRL function's mean over the completions it applied to (TRL's nanmean)
+            metrics[f"reward/{name}"] = values[rows].mean().item()
+    if scores.applied is not None:  # completions no reward function applied to: advantage 0
+        metrics["reward/unscored"] = float(scores.unscored.sum().item())
+    for key, values in logged_values(scores.logged).items():
+        metrics[f"reward/{key}"] = sum(values) / len(values)
     if "correct" in scores.components:
         # solved = full marks: partial credit (countdown's format score) is not accuracy
         metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
     if rollouts.episodes is not None:
         metrics.update(episode_metrics(rollouts))
     return metrics
+
+
+def logged_values(logged: list[dict[str, float]] | None) -> dict[str, list[float]]:
+    """Each key the reward functions logged (`Scores.logged`) -> its values over the rows that
+    have it, in the order the keys are first met."""
+    values: dict[str, list[float]] = {}
+    for row in logged or ():
+        for key, value in row.items():
+            values.setdefault(key, []).append(value)
+    return values
 
 
 def episode_metrics(rollouts: Rollouts) -> dict[str, float]:

@@ -344,15 +344,18 @@ def test_task_for_source(source, task):
 def test_verifier_precedence():
     assert verifier_for("gsm8k", RewardConfig()).task == "gsm8k"
     assert verifier_for("gsm8k", RewardConfig(task="math")).task == "math"
-    custom = verifier_for("gsm8k", RewardConfig(task="math", fn="m:f"))
-    assert (custom.task, custom.target, custom.isolated) == ("custom", "m:f", True)
+    # reward.fn is imported to tell its style (reward.fn_style=auto): a real function here
+    custom = verifier_for("gsm8k", RewardConfig(task="math", fn=f"{CUSTOM}:keyword"))
+    assert (custom.task, custom.target, custom.isolated, custom.style) == ("custom", f"{CUSTOM}:keyword", True,
+                                                                          "reasonrl")
     v = verifier_for("countdown", RewardConfig(countdown_format_score=0.2, timeout=3.0))
     assert dict(v.options) == {"format_score": 0.2, "rule": "subset", "template": "qwen-instruct"}
     assert not v.isolated
     v = verifier_for("countdown", RewardConfig(countdown_rule="tinyzero"))
     assert dict(v.options) == {"format_score": 0.1, "rule": "tinyzero", "template": "qwen-instruct"}
-    batch = verifier_for("gsm8k", RewardConfig(batch_fn="m:scores", isolate_fn=False))
-    assert (batch.task, batch.target, batch.isolated, batch.batch) == ("batch", "m:scores", False, True)
+    batch = verifier_for("gsm8k", RewardConfig(batch_fn=f"{BATCH}:group_rank", isolate_fn=False))
+    assert (batch.task, batch.target, batch.isolated, batch.batch) == ("batch", f"{BATCH}:group_rank", False,
+                                                                       True)
 
 
 def test_default_arithmetic_scoring_is_unchanged():
