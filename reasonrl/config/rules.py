@@ -25,6 +25,7 @@ from reasonrl.config.schema import (
     RewardModelConfig,
     TeacherConfig,
 )
+from reasonrl.config.verifiers_tasks import verifiers_rules
 from reasonrl.errors import ConfigError
 from reasonrl.registry import (
     ADVANTAGES,
@@ -62,6 +63,7 @@ def data_rules(cfg: Config) -> None:
     need(cd.min_number <= cd.max_number, "data.countdown: need 1 <= min_number <= max_number")
     need(cd.min_target <= cd.max_target, "data.countdown: min_target > max_target")
     need(ar.min_operand <= ar.max_operand, "data.arithmetic: min_operand > max_operand")
+    verifiers_rules(d.task, d.verifiers, cfg.reward.task, cfg.reward.fn or cfg.reward.batch_fn)
 
 
 def rollout_rules(cfg: Config) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from reasonrl.config.fields import param
 from reasonrl.config.placement import PlacementConfig
+from reasonrl.config.verifiers_tasks import VerifiersConfig
 from reasonrl.registry import (
     ADVANTAGES,
     COUNTDOWN_SCORING,
@@ -128,6 +129,7 @@ class DataConfig:
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     piecewise: PiecewiseConfig = field(default_factory=PiecewiseConfig)
+    verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)  # data.task=verifiers
 
 
 @dataclass
