@@ -29,6 +29,7 @@ import torch
 
 from reasonrl.config import Config
 from reasonrl.data import system_prompt_for
+from reasonrl.envs import environment_spec
 from reasonrl.errors import PlacementError
 from reasonrl.placement.local import (
     Workers,
@@ -341,8 +342,9 @@ def build_ray_workers(cfg: Config) -> Workers:
 
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision)
     d = cfg.data
+    # the replicas' own rendering (an env.fn class's tools are in every prompt): the lengths checked here
     encoder = RolloutWorker(None, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
-                            d.truncate_prompts)
+                            d.truncate_prompts, env=environment_spec(cfg.env))
     handles = [a for _, a, _ in actors]
     spans = (("rollout", 0, replicas, "replica", p.rollout),
              ("policy" if world == 1 else f"policy ({world} ranks)", replicas, world, "rank", p.policy),
