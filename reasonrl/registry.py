@@ -110,9 +110,10 @@ COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdow
 PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")
 MATH_SCORING = Registry("reward.math_rule", "reasonrl.rewards.math_equiv", "reasonrl.rewards.math_rules")
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool")
-ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback")
-# env.fn's class: reasonrl's protocol, or another framework's style through its adapter
-ENV_FORMATS = Registry("env.format", "reasonrl.envs.base", "reasonrl.envs.gym_env",
+ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback", "reasonrl.envs.openenv")
+# env.fn's class: reasonrl's protocol, or another framework's style through its adapter; detected in
+# this order: OpenEnv's classes (a `state` property) before Gymnasium's (the same reset(seed=...))
+ENV_FORMATS = Registry("env.format", "reasonrl.envs.base", "reasonrl.envs.openenv", "reasonrl.envs.gym_env",
                        "reasonrl.envs.trl_env")
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import re
 import string
 
+from reasonrl.config.openenv import openenv_rules
 from reasonrl.config.placement import PolicyPlacement, WorkerPlacement
 from reasonrl.config.schema import (
     AlgoConfig,
@@ -96,6 +97,7 @@ def env_rules(cfg: Config) -> None:
     elif e.format != "auto" and e.name != "none":
         raise ConfigError(f"env.format: {e.format} is the style of an env.fn class; env.name={e.name} is "
                           "built in: remove env.format or set env.fn instead of env.name")
+    openenv_rules(e.name, e.fn, e.format, e.url, e.openenv)
     if e.name == "none" and not e.fn:
         changed = [f"env.{f.name}" for f in dataclasses.fields(EnvConfig)
                    if f.name != "name" and getattr(e, f.name) != getattr(EnvConfig(), f.name)]
@@ -109,6 +111,11 @@ def env_rules(cfg: Config) -> None:
         if e.step_timeout <= e.tool_timeout:
             raise ConfigError(f"env.step_timeout: {e.step_timeout:g} s must be more than env.tool_timeout="
                               f"{e.tool_timeout:g} s (a step runs one tool call)")
+    group = max(r.n, cfg.eval.n)
+    if 0 < e.max_concurrent_episodes < group:
+        raise ConfigError(f"env.max_concurrent_episodes: {e.max_concurrent_episodes} is fewer than the "
+                          f"samples of one prompt (rollout.n={r.n}, eval.n={cfg.eval.n}), which start "
+                          f"together; use at least {group}")
     if e.max_turn_tokens > r.max_new_tokens:
         raise ConfigError(f"env.max_turn_tokens: {e.max_turn_tokens} is more than rollout.max_new_tokens="
                           f"{r.max_new_tokens}, which counts every model token of an episode; use at most "

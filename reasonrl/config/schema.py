@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reasonrl.config.fields import param
+from reasonrl.config.openenv import OpenEnvConfig
 from reasonrl.config.placement import PlacementConfig
 from reasonrl.config.verifiers_tasks import VerifiersConfig
 from reasonrl.registry import (
@@ -199,6 +200,11 @@ class EnvConfig:
     tool_memory_mb: int = param(512, ge=64)  # address space of a python tool call
     tool_disk_mb: int = param(64, ge=1)  # what a python tool call's directory may take on disk
     sandbox: Literal["auto", "bwrap", "unshare", "rlimit"] = "auto"  # python tool sandbox, docs/tools.md
+    # episodes a rollout call plays at once (0 = all): more wait for the next wave, whole groups at a time
+    # (a server's session limit: env.url); at least rollout.n and eval.n
+    max_concurrent_episodes: int = param(0, ge=0)
+    url: str = ""  # env.name=openenv: an OpenEnv server, ws://host:port or http://host:port
+    openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)  # env.name=openenv, env.format=openenv
 
 
 # reward.model.template's default: a reference-guided Yes/No question (docs/judges.md)

@@ -17,7 +17,7 @@ from reasonrl.errors import ConfigError
 from reasonrl.policy.model import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
 from reasonrl.policy.teacher import check_tokenizers, teacher_source
 from reasonrl.policy.worker import policy_loss_fn
-from reasonrl.registry import ENGINES, needs_critic
+from reasonrl.registry import ENGINES, ENVIRONMENTS, needs_critic
 from reasonrl.tracking import missing_extra
 
 
@@ -26,7 +26,8 @@ def preflight(cfg: Config) -> None:
     and the tracking backends' extras, Ray for placement.mode=ray, peft for LoRA, the GPUs one
     engine needs on this machine in local mode (its ENGINES entry's `machine_gpus`; ray mode:
     `check_capacity`, once Ray is up), the environment of multi-turn runs (env.fn's class, the
-    python tool's sandbox), an out-of-tree policy loss (`algo.loss_fn`: loaded and its
+    python tool's sandbox, what a registered environment's `check_run` asks of the whole run: an
+    OpenEnv server's sessions), an out-of-tree policy loss (`algo.loss_fn`: loaded and its
     signature checked here too, so a ray-mode run fails in one line rather than inside an
     actor), that a teacher (teacher.path) has the student's tokenizer (`check_tokenizers`: the
     tokenizers only), and that the longest sequence fits the model's context
@@ -45,6 +46,9 @@ def preflight(cfg: Config) -> None:
     if problems:  # all of them at once: one install should not uncover the next problem
         raise ConfigError("\n".join(problems))
     environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
+    run_check = ENVIRONMENTS[cfg.env.name].info.get("check_run") if cfg.env.name != "none" else None
+    if run_check is not None:  # what the environment needs of the whole run (a server's sessions)
+        run_check(cfg)
     policy_loss_fn(cfg.algo)  # algo.loss_fn imported and its signature checked
     if cfg.teacher.path:
         check_tokenizers(cfg)  # a teacher reading other token ids: refused before any model loads

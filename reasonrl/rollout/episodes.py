@@ -19,6 +19,8 @@ Limits: `env.max_turns` model turns; `rollout.max_new_tokens` model tokens in al
 `env.max_turn_tokens`; `env.max_total_tokens` model + environment tokens after the prompt.
 A turn cut by one of them ends its episode, marked truncated; so does an episode still going
 after its last turn, or whose next observation leaves no room for another model token.
+`env.max_concurrent_episodes` bounds the episodes live at once (an environment server's
+sessions): the prompts are played in waves of whole groups, one after the other.
 An environment that raises or answers what is not an observation gives the episode an error
 observation (counted in `step_errors`); one that hangs past the timeout ends the episode.
 
@@ -150,6 +152,9 @@ class EpisodeRunner:
     def run(self, examples: list[Example], prompts: list[list[int]], params: SamplingParams,
             seeds: list[int] | None, version: int) -> Rollouts:
         env = self.env
+        limit = env.config.max_concurrent_episodes if env is not None else 0
+        if limit and len(prompts) * params.n > limit:
+            return self._waves(examples, prompts, params, seeds, version, max(1, limit // params.n))
         episodes = [Episode(p, e, None if seeds is None else seeds[k], s)
                     for k, (p, e) in enumerate(zip(prompts, examples, strict=True)) for s in range(params.n)]
         seconds = 0.0
@@ -162,6 +167,21 @@ class EpisodeRunner:
         # a turn continues the trajectory of the one before: the engine may reuse its KV cache
         with self.engine.session() if env is not None else contextlib.nullcontext():
             return self._play(episodes, prompts, params, seeds, version, seconds, turn_cap, stop)
+
+    def _waves(self, examples: list[Example], prompts: list[list[int]], params: SamplingParams,
+               seeds: list[int] | None, version: int, per: int) -> Rollouts:
+        """`env.max_concurrent_episodes`: the prompts `per` at a time (whole groups: a prompt's `n`
+        samples start together), each wave played to its end before the next starts, joined in
+        order with their groups numbered on. Each prompt is sampled from its own seed, each later
+        turn from `turn_seed`, so the waves play the episodes one call would (as rollout replicas
+        that split a batch do)."""
+        parts = []
+        for start in range(0, len(prompts), per):
+            part = self.run(examples[start:start + per], prompts[start:start + per], params,
+                            None if seeds is None else seeds[start:start + per], version)
+            part.group = part.group + start
+            parts.append(part)
+        return Rollouts.concat(parts)
 
     def _play(self, episodes: list[Episode], prompts: list[list[int]], params: SamplingParams,
               seeds: list[int] | None, version: int, seconds: float, turn_cap: int,
