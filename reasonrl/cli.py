@@ -2,6 +2,7 @@
 module per command, each declaring its options), the dispatch, and the one line a failure ends in.
 
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
+    reasonrl sft [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
     reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--disk-mb N] [--sandbox MODE]
@@ -26,7 +27,7 @@ import sys
 import traceback
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
-from reasonrl.commands import calibrate, data, eval, probe, report, reward, tool, train
+from reasonrl.commands import calibrate, data, eval, probe, report, reward, sft, tool, train
 from reasonrl.errors import (
     ConfigError,
     DataError,
@@ -41,7 +42,7 @@ from reasonrl.errors import (
 )
 
 # The commands, in --help's order: each module declares its own subcommand (`add_parser`)
-COMMANDS = (train, data, reward, tool, report, eval, probe, calibrate)
+COMMANDS = (train, sft, data, reward, tool, report, eval, probe, calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     # argparse stops filling `overrides` at the first option: `train c.yaml --flag a.b=1`
     # leaves `a.b=1` unparsed; anything else unknown is a real error.
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad or (rest and args.command not in ("train", "eval", "probe")):
+    if bad or (rest and args.command not in ("train", "sft", "eval", "probe")):
         parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
     if rest:
         args.overrides = [*args.overrides, *rest]

@@ -281,7 +281,7 @@ class Tracker:
         if self.bar is None:
             return
         shown = {"reward": metrics.get("reward/mean"), "acc": metrics.get("reward/accuracy"),
-                 "s/step": metrics.get("time/step")}
+                 "loss": metrics.get("sft/loss"), "s/step": metrics.get("time/step")}
         self.bar.set_postfix({k: f"{v:.3f}" if k != "s/step" else f"{v:.1f}"
                               for k, v in shown.items() if v is not None}, refresh=False)
         self.bar.update(1)

@@ -1,4 +1,4 @@
-"""The commands of `reasonrl`, one module per command: train, data (prepare), reward, tool,
+"""The commands of `reasonrl`, one module per command: train, sft, data (prepare), reward, tool,
 report, eval, probe, calibrate.
 
 Each module declares its own options (`add_parser(sub)`, which sets the function the command

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from reasonrl.config.fields import param
 from reasonrl.config.openenv import OpenEnvConfig
 from reasonrl.config.placement import PlacementConfig
+from reasonrl.config.sft import SFTConfig
 from reasonrl.config.verifiers_tasks import VerifiersConfig
 from reasonrl.registry import (
     ADVANTAGES,
@@ -473,3 +474,4 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)  # `reasonrl sft` (docs/sft.md)

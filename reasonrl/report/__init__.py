@@ -11,8 +11,8 @@ are model output.
 One module per job, each using only those above it:
 
     load.py     a run directory read back (`Run`, `load_run`)
-    plots.py    the plots (`PLOTS`, `CRITIC_PLOTS`, `DISTILL_PLOTS`, `STAGES`, the staleness
-                histogram) drawn as PNGs
+    plots.py    the plots (`PLOTS`, `CRITIC_PLOTS`, `DISTILL_PLOTS`, `SFT_PLOTS`, `STAGES`, the
+                staleness histogram) drawn as PNGs
     tables.py   the numbers: summary, held-out evaluations, asynchronous training, sample steps,
                 config differences
     page.py     the HTML page (`render_html`): everything escaped and inlined

@@ -16,6 +16,7 @@ from reasonrl.report.plots import (
     CRITIC_PLOTS,
     DISTILL_PLOTS,
     PLOTS,
+    SFT_PLOTS,
     STAGES,
     Plot,
     draw_plot,
@@ -231,6 +232,9 @@ def render_html(runs: list[Run]) -> str:
         *([f'<h2 id="distill">Distillation</h2><div class="grid">'
            f'{"".join(_plot_figure(p, runs) for p in DISTILL_PLOTS)}</div>']
           if any(run.has("distill/reverse_kl") for run in runs) else []),
+        *([f'<h2 id="sft">Supervised fine-tuning</h2><div class="grid">'
+           f'{"".join(_plot_figure(p, runs) for p in SFT_PLOTS)}</div>']
+          if any(run.has("sft/loss") for run in runs) else []),
         *([f'<h2 id="async">Asynchronous training</h2>{_async_html(runs)}'] if asynchronous else []),
         '<h2 id="eval">Held-out evaluation</h2>',
     ]

@@ -80,6 +80,14 @@ DISTILL_PLOTS = [
          unit_interval=True, note="where the distillation term raises the sampled token's probability"),
 ]
 
+# the supervised fine-tuning panel: only for `reasonrl sft` runs (docs/sft.md)
+SFT_PLOTS = [
+    Plot("sft_loss", "SFT loss (token-mean cross-entropy, nats)", [("sft/loss", "training records"),
+                                                                   ("eval/loss", "held-out records")],
+         smooth=True, note="over the trained tokens: completions, assistant turns"),
+    Plot("sft_perplexity", "Held-out perplexity", [("eval/perplexity", "exp(held-out loss)")]),
+]
+
 # time/<stage> in the order of Trainer.step; "other" = the rest of time/step
 STAGES = ["rollout", "reward", "reference", "teacher", "values", "advantage", "critic", "update", "sync",
           "eval"]

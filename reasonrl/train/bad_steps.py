@@ -28,8 +28,10 @@ class BadSteps:
     (`reason`) and the learning rate to lower after it (`lr`: optim.lr, critic.lr or None).
     `last_good()`: the run's last good checkpoint, or None."""
 
-    def __init__(self, cfg: Config, last_good: Callable[[], Path | None], count: int = 0):
+    def __init__(self, cfg: Config, last_good: Callable[[], Path | None], count: int = 0,
+                 command: str = "train"):
         self.cfg, self.last_good, self.count = cfg, last_good, count
+        self.command = command  # the `reasonrl` command whose --resume the messages name (train, sft)
         self.reason, self.lr = "", None
 
     def update(self, step: int, metrics: dict[str, float], failures: list[str | None] | None) -> None:
@@ -46,9 +48,10 @@ class BadSteps:
         if skipped:
             role, prefix, self.lr = skipped[0]
             norm, reward = metrics.get(f"{prefix}/grad_norm", math.nan), metrics.get("reward/mean", math.nan)
+            rewards = f" or rewards too large (reward/mean={reward:g})" if "reward/mean" in metrics else ""
             self.reason = (f"non-finite loss or gradient in the {role} update ({prefix}/grad_norm="
                            f"{norm:g}), update skipped: likely {self.lr}={self.learning_rate(self.lr):g} "
-                           f"too high (the weights diverged) or rewards too large (reward/mean={reward:g})")
+                           f"too high (the weights diverged){rewards}")
         elif no_reward:
             self.reason = f"every reward call failed, e.g. {failures[0]}"
         if bad:
@@ -69,7 +72,8 @@ class BadSteps:
             return f"no good checkpoint was written yet: {again}; the last good checkpoint is none"
         change = "" if lower is None else (f" --allow-config-change {lower} "
                                            f"{lower}={min(self.learning_rate(lower) / 10, 1e-5):g}")
-        return f"resume with: reasonrl train --resume {good}{change}; the last good checkpoint is {good}"
+        return (f"resume with: reasonrl {self.command} --resume {good}{change}; the last good checkpoint is "
+                f"{good}")
 
     def stop_if_weights_broke(self, step: int, metrics: dict[str, float]) -> None:
         """Step `step` (1-based, in progress): its policy or critic update left a weight NaN or inf

@@ -1,0 +1,7 @@
+"""Supervised fine-tuning (`reasonrl sft`, docs/sft.md) on `train`'s machinery.
+
+    records.py    SFT records ({prompt, completion} or {messages}) read and checked (file:line: field)
+    rows.py       records as token rows through the chat template: prompt, completion, loss mask
+    solutions.py  worked solutions a program writes for a task's problems (countdown, arithmetic)
+    trainer.py    the SFT loop: the policy's Learner, the run directory, checkpoints, eval, tracking
+"""
