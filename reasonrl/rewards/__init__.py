@@ -7,6 +7,8 @@
     tinyzero.py    TinyZero's Countdown score (countdown_rule=tinyzero), computed without eval
     math_rules.py  other systems' math rewards as written there (reward.math_rule)
     extract.py, format.py, safe_arithmetic.py   answer extraction, format rules, safe arithmetic
+    styles.py      reward.fn / reward.fns written as TRL, verl or OpenRLHF write theirs: told by
+                   their parameter names, called as their framework calls them (reward.fn_style)
     pool.py, worker.py   isolated reward calls in worker processes with hard timeouts
     failures.py    reward failures a user can see
 

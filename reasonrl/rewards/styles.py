@@ -156,13 +156,13 @@ def _by_name(fn: Callable[..., Any], style: str, kwargs: dict[str, Any]) -> bool
 
 def check_call(fn: Callable[..., Any], style: str, kwargs: dict[str, Any], columns: tuple[str, ...] = (),
                explicit: bool = False) -> None:
-    """TypeError (one line) unless `fn` takes `style`'s call with `kwargs` (reward.fn_kwargs):
-    reasonrl's own forms give every argument (by name, or, asked for explicitly by
-    reward.fn_style or reward.batch_fn, by position as before: `explicit`); trl, verl and
-    openrlhf give each argument the function
-    names (all of them with **kwargs), `columns` being a TRL function's record columns; a
-    parameter without a default that the style does not give is refused, and so is a keyword
-    of reward.fn_kwargs the function does not take."""
+    """TypeError (one line) unless `fn` takes `style`'s call with `kwargs` (reward.fn_kwargs).
+    reasonrl's own forms give every argument: by name, or, asked for explicitly (reward.fn_style,
+    reward.batch_fn: `explicit`), by position as before, unless the names are another style's
+    (that call would misbind them). trl, verl and openrlhf give each argument the function names
+    (all of them with **kwargs), `columns` being a TRL function's record columns: a parameter
+    without a default that the style does not give is refused. So is a keyword of
+    reward.fn_kwargs the function does not take."""
     sig = _signature(fn)
     if sig is None:
         return  # a builtin without a signature: trust it
@@ -202,10 +202,11 @@ def check_call(fn: Callable[..., Any], style: str, kwargs: dict[str, Any], colum
 def trl_columns(infos) -> tuple[str, ...]:
     """The columns a TRL function is given beside prompts, completions and completion_ids:
     every record's ground_truth, data_source and extra_info, then each key of the records'
-    extra_info (`record_info`), in the order first met (TRL passes a dataset's columns by name)."""
+    extra_info (`record_info`), in the order first met (TRL passes a dataset's columns by name);
+    a key named as one of those, or as TRL's own arguments, is left to them."""
     keys = dict.fromkeys(TRL_COLUMNS)
     for info in infos:
-        keys.update(dict.fromkeys(k for k in record_info(info) if k not in keys))
+        keys.update(dict.fromkeys(k for k in record_info(info) if k not in keys and k not in OFFERED["trl"]))
     return tuple(keys)
 
 
@@ -243,7 +244,7 @@ def _awaited(value: Any) -> Any:
 def _listed(value: Any, what: str) -> list:
     """A list of `value` (a tensor's or an array's values flattened); TypeError otherwise."""
     if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
-        value = value.tolist()
+        value = (value.reshape(-1) if hasattr(value, "reshape") else value).tolist()  # [N, 1] -> [N]
         value = value if isinstance(value, list) else [value]
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{what} must be a list (or a tensor), got {type(value).__name__}")
@@ -254,7 +255,7 @@ def _number(value: Any) -> float | None:
     """A value a metric can log (a number or a bool, a one-element tensor), or None."""
     if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
         value = value.item()
-    if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+    if isinstance(value, (bool, int, float)):
         number = float(value)
         return number if math.isfinite(number) else None
     return None

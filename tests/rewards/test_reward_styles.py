@@ -20,7 +20,7 @@ from reasonrl.cli import main
 from reasonrl.config import AlgoConfig, RewardConfig, load_config
 from reasonrl.errors import ConfigError
 from reasonrl.rewards import check_examples, score_examples
-from reasonrl.rewards.styles import decode_truth, detect, invoke, resolve
+from reasonrl.rewards.styles import decode_truth, detect, invoke, resolve, trl_columns
 from reasonrl.rewards.verifiers import load_target
 from reasonrl.train.advantage_stage import estimate_advantages
 from reasonrl.train.step_metrics import batch_metrics
@@ -150,6 +150,29 @@ def test_trl_gets_what_trl_passes(isolate):
                     ("What is 1 + 1?", "2", "other", {"level": 5}))
     scores = score_examples(["7", "2"], rows, cfg_for("trl_sees", isolate), completion_ids=[[1], [2]])
     assert scores.total.tolist() == [10 + 20 + 40 + 80 + 160 + 3, 160 + 5] and scores.errors == 0
+
+
+def test_an_extra_info_key_never_shadows_trls_own_arguments():
+    """extra_info {"completions": ..., "ground_truth": ...}: TRL's completions and the record's
+    ground truth win; the key `extra` is a column."""
+    rows = examples(("q", "7", "x", {"completions": ["no"], "ground_truth": "no", "extra": 1}))
+    assert check_examples(rows, cfg_for("trl_accuracy")) is None
+    assert score_examples(["it is 7"], rows, cfg_for("trl_accuracy")).total.tolist() == [1.0]
+    assert trl_columns([r.meta for r in rows]) == ("ground_truth", "data_source", "extra_info", "extra")
+
+
+def test_returns_as_tensors_or_arrays_are_read_as_their_values():
+    """A [N, 1] tensor of rewards (a reward model's logits) is N rewards; numpy scalars are
+    numbers; a one-element tensor in extra_logs is its value."""
+    import numpy as np
+
+    from reasonrl.rewards.styles import _listed, _numbers
+    assert _listed(torch.tensor([[1.0], [0.5]]), "x") == [1.0, 0.5]
+    assert _listed([np.float32(0.25), 1], "x") == [0.25, 1] and _listed(torch.tensor(2.0), "x") == [2.0]
+    assert _numbers(torch.tensor([3.0])) == [3.0] and _numbers("text") == []
+    assert _numbers([1, "a", True]) == [1.0, 1.0]
+    with pytest.raises(TypeError, match="must be a list"):
+        _listed(3.0, "a TRL reward function's return")
 
 
 def test_a_trl_completion_is_a_message_when_the_prompt_is_a_conversation():
