@@ -100,7 +100,7 @@ ENGINES = Registry("rollout.engine", "reasonrl.rollout.engines")
 DATA_TASKS = Registry("data.task", "reasonrl.data.tasks", "reasonrl.envs.verifiers_tasks")
 DATA_FORMATS = Registry("data.format", "reasonrl.data.formats")
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
-    "numeric", "gsm8k", "math_equiv", "countdown", "piecewise", "verifiers_taskset")))
+    "numeric", "gsm8k", "math_equiv", "countdown", "piecewise", "reasoning_gym", "verifiers_taskset")))
 # `judge` and `classifier` are scored by reward.model in its own worker (reasonrl.policy.reward_model)
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components", "reasonrl.policy.reward_model")
 # where reward.model runs: a worker process (rewards/model_reward.py) or a Ray actor (placement/model_host.py)

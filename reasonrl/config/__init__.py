@@ -11,6 +11,7 @@
 from reasonrl.config.fields import param
 from reasonrl.config.loader import MOVED, dump_yaml, load_config, parse_override, to_dict
 from reasonrl.config.placement import PlacementConfig, PolicyPlacement, RolloutPlacement, WorkerPlacement
+from reasonrl.config.reasoning_gym import ReasoningGymConfig
 from reasonrl.config.rules import (
     RULES,
     after_prompt,
@@ -47,8 +48,9 @@ from reasonrl.errors import ConfigError
 __all__ = [
     "DATA_FIELDS", "DEFAULT_SYSTEM_PROMPT", "MOVED", "RULES", "AlgoConfig", "ArithmeticConfig", "Config",
     "ConfigError", "CountdownConfig", "CriticConfig", "DataConfig", "EnvConfig", "EvalConfig", "LoraConfig",
-    "ModelConfig", "OptimConfig", "PiecewiseConfig", "PlacementConfig", "PolicyPlacement", "RewardConfig",
-    "RolloutConfig", "RolloutPlacement", "TeacherConfig", "TrackingConfig", "TrainerConfig", "VLLMConfig",
-    "WandbConfig", "WorkerPlacement", "after_prompt", "check_context", "check_device", "dump_yaml",
-    "load_config", "param", "parse_override", "resolve_device", "to_dict", "validate",
+    "ModelConfig", "OptimConfig", "PiecewiseConfig", "PlacementConfig", "PolicyPlacement",
+    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "RolloutPlacement", "TeacherConfig",
+    "TrackingConfig", "TrainerConfig", "VLLMConfig", "WandbConfig", "WorkerPlacement", "after_prompt",
+    "check_context", "check_device", "dump_yaml", "load_config", "param", "parse_override",
+    "resolve_device", "to_dict", "validate",
 ]

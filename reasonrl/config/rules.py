@@ -17,6 +17,7 @@ import string
 
 from reasonrl.config.openenv import openenv_rules
 from reasonrl.config.placement import PolicyPlacement, WorkerPlacement
+from reasonrl.config.reasoning_gym import reasoning_gym_rules
 from reasonrl.config.schema import (
     AlgoConfig,
     Config,
@@ -64,6 +65,7 @@ def data_rules(cfg: Config) -> None:
     need(cd.min_number <= cd.max_number, "data.countdown: need 1 <= min_number <= max_number")
     need(cd.min_target <= cd.max_target, "data.countdown: min_target > max_target")
     need(ar.min_operand <= ar.max_operand, "data.arithmetic: min_operand > max_operand")
+    reasoning_gym_rules(d.task, d.train_path, d.val_path, d.reasoning_gym)
     verifiers_rules(d.task, d.verifiers, cfg.reward.task, cfg.reward.fn or cfg.reward.batch_fn)
 
 

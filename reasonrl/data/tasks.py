@@ -15,6 +15,7 @@ from reasonrl.data.calculator_task import CALCULATOR_SYSTEM_PROMPT, calculator_e
 from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.files import load_files
 from reasonrl.data.piecewise import piecewise_examples
+from reasonrl.data.reasoning_gym import reasoning_gym_examples
 from reasonrl.errors import DataError
 from reasonrl.registry import DATA_TASKS
 
@@ -61,6 +62,12 @@ def countdown(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]
 def piecewise(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
     """Transparent GRPO's piecewise problem and its variants (data.piecewise)"""
     return piecewise_examples(cfg.piecewise, seed)
+
+
+@DATA_TASKS.register("reasoning_gym", generated=True)
+def reasoning_gym(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """reasoning-gym's procedural tasks: data.train_path=reasoning_gym:<task> (data.reasoning_gym)"""
+    return reasoning_gym_examples(cfg)
 
 
 def system_prompt_for(cfg: DataConfig) -> str:

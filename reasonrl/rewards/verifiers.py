@@ -90,9 +90,11 @@ def task_for_source(data_source: str) -> str:
     `default_compute_score` sends that data_source, and only it, to its GSM8K score); else the
     data_source's last path part, if it starts with a task name ("gsm8k", "math500",
     "lighteval/MATH", "countdown_3to4"), else "numeric" (arithmetic and unknown sources: the
-    original number check)."""
+    original number check); "reasoning_gym" for reasoning_gym/<task>."""
     if data_source == "openai/gsm8k":
         return "verl_gsm8k"
+    if data_source.startswith("reasoning_gym/"):  # reasoning_gym/<task>: rewards/reasoning_gym.py
+        return "reasoning_gym"
     name = data_source.lower().rsplit("/", 1)[-1]
     for task in ("gsm8k", "math", "countdown", "piecewise"):
         if name.startswith(task):

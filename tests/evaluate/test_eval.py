@@ -85,7 +85,8 @@ def test_final_answer_uses_the_task_rule_and_normalises(text, task, answer):
 
 def test_every_verifier_registers_its_answer_rule():
     """The eval tables read answers by the rule each verifier registers with itself."""
-    assert set(VERIFIERS.names()) == {"numeric", "gsm8k", "verl_gsm8k", "math", "countdown", "piecewise"}
+    assert set(VERIFIERS.names()) == {"numeric", "gsm8k", "verl_gsm8k", "math", "countdown", "piecewise",
+                                      "reasoning_gym", "verifiers"}
     for entry in VERIFIERS:
         if entry.name == "verl_gsm8k":  # verl's strict rule reads only '#### N'
             assert entry.info["answer"]("so \\boxed{7.0}", True) is None

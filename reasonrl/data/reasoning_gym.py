@@ -1,0 +1,163 @@
+"""reasoning-gym's procedural tasks as training and held-out examples (`data.task=reasoning_gym`,
+`data.train_path=reasoning_gym:<task>`; Stojanovski et al. 2025, arXiv:2505.24760; the package
+`reasoning_gym`, its data inside the wheel, deterministic per seed).
+
+    reasoning_gym:leg_counting                      one task, data.reasoning_gym.size problems
+    reasoning_gym:leg_counting,reasoning_gym:gcd    several, each its own size problems, in order
+    reasoning_gym:composite                         reasoning-gym's weighted mixture of the tasks
+                                                    of data.reasoning_gym.weights
+
+Problems come from `reasoning_gym.create_dataset(task, seed=, size=, **options)` (composite:
+`create_dataset("composite", seed=, size=, datasets=[DatasetSpec(name, weight, config)])`, whose
+entry i is task k's entry i, k drawn by weight from `Random(seed + i)`), the training set from
+`data.reasoning_gym.seed` and the held-out set from `val_seed`, which the config keeps apart
+(`reasonrl.config.reasoning_gym`). The held-out set is built first and any training problem
+whose question is a held-out question is left out (said in one line), as the arithmetic task
+does: a task drawing from a fixed pool can repeat a question under another seed.
+
+Each prompt is the task's question followed by the instruction of data.reasoning_gym.answer_format
+(`INSTRUCTIONS`); the ground truth refers to the problem (`rewards.reasoning_gym.Reference`) and
+the data source is `reasoning_gym/<task>`, which `reward.task=auto` scores with the task's own
+`score_answer` on the extracted answer, and the evaluation reports task by task.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Any
+
+from reasonrl.batch import Example
+from reasonrl.config import DataConfig, ReasoningGymConfig
+from reasonrl.config.reasoning_gym import COMPOSITE, task_list
+from reasonrl.errors import DataError
+from reasonrl.rewards.reasoning_gym import SOURCE, Reference, library, options_key
+
+# what each answer format asks, after the question (its extraction: rewards.reasoning_gym.EXTRACTORS)
+INSTRUCTIONS = {
+    "tag": "Give only your final answer, between <answer> and </answer>.",
+    "boxed": "Give only your final answer, inside \\boxed{}.",
+}
+# data.reasoning_gym.demo: a question no task asks, and its answer written in each format
+DEMO_QUESTION, DEMO_ANSWERS = "What is 2 + 2?", {"tag": "<answer>4</answer>", "boxed": "\\boxed{4}"}
+
+
+def render(question: str, answer_format: str, demo: bool) -> str | list[dict[str, str]]:
+    """The prompt of a question: the question, a blank line and the format's instruction; with
+    `demo`, as the last user turn of a chat whose first exchange asks DEMO_QUESTION the same way
+    and answers it in the format."""
+    instruction = INSTRUCTIONS[answer_format]
+    ask = f"{question.rstrip()}\n\n{instruction}"
+    if not demo:
+        return ask
+    return [{"role": "user", "content": f"{DEMO_QUESTION}\n\n{instruction}"},
+            {"role": "assistant", "content": DEMO_ANSWERS[answer_format]},
+            {"role": "user", "content": ask}]
+
+
+def task_names() -> list[str]:
+    """reasoning-gym's registered tasks (composite aside), sorted."""
+    library()  # MissingExtraError before any other import of it
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(name for name in DATASETS if name != COMPOSITE)
+
+
+def task_options(task: str, options: dict[str, Any], several: bool) -> dict[str, Any]:
+    """The options of `task`: data.reasoning_gym.options itself for a run of one task, its entry
+    for a run of several."""
+    return dict(options.get(task) or {}) if several else dict(options)
+
+
+def _build(task: str, seed: int, size: int, options: dict[str, Any], key: str, where: str) -> Any:
+    """reasoning-gym's dataset of `task`, or DataError naming the key that chose the task (`key`)
+    or its options (`where`) and what reasoning-gym refuses."""
+    names = task_names()
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        close = difflib.get_close_matches(task, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DataError(f"{key}: reasoning_gym:{task}: no such reasoning-gym task{hint}; its {len(names)} "
+                        f"tasks: {', '.join(names)}")
+    fields = list(DATASETS[task][1].__dataclass_fields__)
+    unknown = [k for k in options if k not in fields]
+    if unknown:
+        allowed = ", ".join(f for f in fields if f not in ("seed", "size"))
+        raise DataError(f"{where}.{unknown[0]}: {task} has no such option; its options: {allowed}")
+    try:
+        return library().create_dataset(task, seed=seed, size=size, **options)
+    except (AssertionError, ValueError, TypeError) as err:
+        raise DataError(f"{where}: {task} refuses {json.dumps(options, sort_keys=True)}: "
+                        f"{type(err).__name__}: {err}") from None
+
+
+def _example(task: str, dataset: Any, index: int, problem: dict, options: dict[str, Any],
+             rg: ReasoningGymConfig) -> Example:
+    if not isinstance(problem.get("question"), str) or not problem["question"].strip():
+        raise DataError(f"reasoning_gym:{task} (seed {dataset.seed}) problem {index}: no question")
+    answer = problem.get("answer")
+    ref = Reference(task, dataset.seed, dataset.size, index, options_key(options), rg.answer_format,
+                    None if answer is None else str(answer))
+    return Example(prompt=render(problem["question"], rg.answer_format, rg.demo), ground_truth=ref.to_json(),
+                   data_source=SOURCE + task,
+                   meta={"origin": f"reasoning_gym:{task}[seed {dataset.seed}]:{index}", "task": task,
+                         "index": index, "answer": ref.answer})
+
+
+def problems(task: str, seed: int, size: int, rg: ReasoningGymConfig, several: bool,
+             key: str) -> list[Example]:
+    """`size` examples of `task` (composite: the mixture of data.reasoning_gym.weights) from
+    `seed`; `several`: the run names more than one task, so data.reasoning_gym.options holds one
+    mapping per task; `key`: the path that named the task, for errors."""
+    where = "data.reasoning_gym.options"
+    if task != COMPOSITE:
+        options = task_options(task, rg.options, several)
+        dataset = _build(task, seed, size, options, key, f"{where}.{task}" if several else where)
+        return [_example(task, dataset, i, dataset[i], options, rg) for i in range(size)]
+    from reasoning_gym.composite import DatasetSpec
+
+    specs = []
+    for name, weight in rg.weights.items():
+        options = task_options(name, rg.options, True)
+        _build(name, seed, 1, options, f"data.reasoning_gym.weights.{name}", f"{where}.{name}")  # its errors
+        specs.append(DatasetSpec(name=name, weight=weight, config=options))
+    mixture = library().create_dataset(COMPOSITE, seed=seed, size=size, datasets=specs)
+    examples = []
+    for i in range(size):
+        problem = mixture[i]
+        name = problem["metadata"]["source_dataset"]  # the composite's entry i is that task's entry i
+        options = task_options(name, rg.options, True)
+        examples.append(_example(name, mixture.datasets[name], i, problem, options, rg))
+    return examples
+
+
+def reasoning_gym_examples(cfg: DataConfig) -> tuple[list[Example], list[Example]]:
+    """(train, held_out): data.train_path's tasks from data.reasoning_gym.seed, the held-out
+    problems of data.val_path's (default: the same tasks) from val_seed; no training question
+    is a held-out question."""
+    rg = cfg.reasoning_gym
+    train_tasks = task_list(cfg.train_path)
+    if not train_tasks:
+        raise DataError("data.train_path: data.task=reasoning_gym reads reasoning_gym:<task> there, e.g. "
+                        "data.train_path=reasoning_gym:leg_counting")
+    val_tasks = task_list(cfg.val_path) if cfg.val_path else train_tasks
+    several = len(set(train_tasks) | set(val_tasks)) > 1 or COMPOSITE in train_tasks + val_tasks
+    val_key = "data.val_path" if cfg.val_path else "data.train_path"
+    held_out = [e for t in val_tasks for e in problems(t, rg.val_seed, rg.val_size, rg, several, val_key)]
+    questions = {json.dumps(e.prompt) for e in held_out}
+    train, dropped = [], {}
+    for task in train_tasks:
+        for e in problems(task, rg.seed, rg.size, rg, several, "data.train_path"):
+            if json.dumps(e.prompt) in questions:
+                dropped[e.meta["task"]] = dropped.get(e.meta["task"], 0) + 1
+            else:
+                train.append(e)
+    if dropped:
+        said = ", ".join(f"{n} of {t}" for t, n in dropped.items())
+        print(f"[reasonrl] data.reasoning_gym: {said} training problems ask a held-out question (seed "
+              f"{rg.val_seed}) and are left out", flush=True)
+    if not train:
+        raise DataError(f"data.train_path: every problem of {cfg.train_path} is a held-out question; "
+                        "raise data.reasoning_gym.size or change data.reasoning_gym.seed")
+    return train, held_out
