@@ -6,10 +6,12 @@
 - `runner.py`: `run_calls`, one turn's steps run concurrently, each with a timeout, never raising.
 - `tool.py`: `env.name=tool`, the model calls the sandboxed tools of `reasonrl.tools`.
 - `feedback.py`: `env.name=feedback`, "too high / too low" until a numeric answer is right.
+- `trl_env.py`, `gym_env.py`: other frameworks' classes (`env.format`: TRL's environment
+  classes, SkyRL-Gym's and Gymnasium's) wrapped in the protocol; `adapters.py`: what they share.
 
 Environments know nothing of models or tokenizers: they read the text of a turn and answer
-with text or a chat message; `reasonrl.rollout` turns that into token ids
-(docs/environments.md).
+with text or chat messages; `reasonrl.rollout` turns that into token ids (the TRL adapter's
+tool schemas are rendered into the prompt there too) (docs/environments.md).
 """
 
 from reasonrl.envs.base import (
