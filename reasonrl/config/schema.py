@@ -14,6 +14,7 @@ from typing import Any, Literal
 from reasonrl.config.fields import param
 from reasonrl.config.openenv import OpenEnvConfig
 from reasonrl.config.placement import PlacementConfig
+from reasonrl.config.reasoning_gym import ReasoningGymConfig
 from reasonrl.config.sft import SFTConfig
 from reasonrl.config.verifiers_tasks import VerifiersConfig
 from reasonrl.registry import (
@@ -131,6 +132,7 @@ class DataConfig:
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     piecewise: PiecewiseConfig = field(default_factory=PiecewiseConfig)
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)  # data.task=reasoning_gym
     verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)  # data.task=verifiers
 
 
