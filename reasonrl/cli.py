@@ -4,6 +4,7 @@ module per command, each declaring its options), the dispatch, and the one line 
     reasonrl train [CONFIG.yaml] [dotted.key=value ...]
     reasonrl sft [CONFIG.yaml] [dotted.key=value ...]
     reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE
+    reasonrl data traces RUN|EVAL.json [...] [--min-reward R] [--dedupe] [--out FILE]
     reasonrl reward --task T --ground-truth GT "completion"   |   reasonrl reward --file F.jsonl
     reasonrl tool calculator|python 'ARGS' [--timeout S] [--memory-mb N] [--disk-mb N] [--sandbox MODE]
     reasonrl report RUN [RUN ...] [-o report.html]

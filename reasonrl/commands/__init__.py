@@ -1,5 +1,5 @@
-"""The commands of `reasonrl`, one module per command: train, sft, data (prepare), reward, tool,
-report, eval, probe, calibrate.
+"""The commands of `reasonrl`, one module per command: train, sft, data (prepare, traces), reward,
+tool, report, eval, probe, calibrate.
 
 Each module declares its own options (`add_parser(sub)`, which sets the function the command
 runs as `func`) and holds what the command does; `reasonrl.cli` only builds the parser from

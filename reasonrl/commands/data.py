@@ -1,5 +1,7 @@
 """`reasonrl data prepare gsm8k|math|countdown|piecewise [--input PATH] --output FILE`: task
-data files in the layout `data.task=file` reads (`reasonrl.data.prepare`)."""
+data files in the layout `data.task=file` reads (`reasonrl.data.prepare`); `reasonrl data traces
+RUN|EVAL.json [...] [--min-reward R] [--dedupe] [--out FILE]`: the samples that scored at least R,
+as SFT records `reasonrl sft` reads (`reasonrl.sft.traces`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    """The `data` subcommand of the CLI's parser, with its one subcommand `prepare`."""
-    d = sub.add_parser("data", help="prepare task data files")
+    """The `data` subcommand of the CLI's parser, with its subcommands `prepare` and `traces`."""
+    d = sub.add_parser("data", help="prepare task data files; a run's good answers as SFT data")
     dsub = d.add_subparsers(dest="data_command", required=True)
     p = dsub.add_parser(
         "prepare", help="convert GSM8K / MATH / Countdown files, or generate Countdown / piecewise problems",
@@ -35,6 +37,21 @@ def add_parser(sub) -> None:
                    help="text appended to each question (gsm8k, math; default: the task's usual instruction; "
                         "'' = none)")
     p.set_defaults(func=prepare_command)
+    t = dsub.add_parser(
+        "traces", help="a run's or an eval's samples that scored at least R, as SFT records",
+        description="Write the samples of runs (runs/NAME: its samples.jsonl, trainer.log_samples "
+                    "completions a step) or of `reasonrl eval --output` files (every completion) whose "
+                    "reward is at least --min-reward, not cut at the token limit, as SFT records ({prompt, "
+                    "completion}, or {messages} for multi-turn episodes; with ground_truth, data_source, "
+                    "reward and origin) for `reasonrl sft sft.train_path=FILE`: rejection sampling / expert "
+                    "iteration, or a teacher's good answers distilled.")
+    t.add_argument("sources", nargs="+", metavar="RUN|EVAL.json", help="run directories or eval output files")
+    t.add_argument("--min-reward", type=float, default=1.0,
+                   help="keep samples whose total reward is at least this (default 1.0: full marks)")
+    t.add_argument("--dedupe", action="store_true", help="keep each (prompt, completion) once")
+    t.add_argument("--out", help="output file, .jsonl or .parquet (default: traces.jsonl in the first "
+                                 "source's folder, or beside the eval file)")
+    t.set_defaults(func=traces_command)
 
 
 def prepare_command(args: argparse.Namespace) -> int:
@@ -43,4 +60,30 @@ def prepare_command(args: argparse.Namespace) -> int:
     count = prepare(args.task, args.output, args.input, limit=args.limit, size=args.size,
                     seed=args.seed, instruction=args.instruction, skip=args.skip, template=args.template)
     print(f"[reasonrl] wrote {count} {args.task} records to {args.output}", flush=True)
+    return 0
+
+
+def traces_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from reasonrl.data.readers import write_records
+    from reasonrl.errors import DataError
+    from reasonrl.sft.traces import collect_traces
+
+    traces, sources = collect_traces(args.sources, args.min_reward, args.dedupe)
+    if not traces.records:
+        raise DataError(f"no sample of {', '.join(args.sources)} scored at least --min-reward="
+                        f"{args.min_reward:g} ({traces.samples} read, {traces.truncated} of those that did "
+                        "were cut at the token limit): nothing to write")
+    first = Path(args.sources[0])
+    out = Path(args.out) if args.out else (first / "traces.jsonl" if first.is_dir()
+                                           else first.with_name(f"{first.stem}.traces.jsonl"))
+    write_records(traces.records, out)
+    dropped = f", {traces.duplicates} duplicates dropped" if args.dedupe else ""
+    print(f"[reasonrl] wrote {len(traces.records)} SFT records to {out}: {traces.passed} of {traces.samples} "
+          f"samples scored at least {args.min_reward:g} (and {traces.truncated} more cut at the token limit, "
+          f"left out){dropped}", flush=True)
+    for source in sources:
+        for note in source.notes:
+            print(f"[reasonrl] note: {source.path}: {note}", flush=True)
     return 0

@@ -197,6 +197,7 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
     """
     import torch
 
+    from reasonrl.data import system_prompt_for
     from reasonrl.evaluate import evaluate, record_plan
     from reasonrl.placement import build_workers, preflight
     from reasonrl.rewards import check_examples, verifier_for
@@ -234,6 +235,10 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
                                       if k not in ("progress",)},
                      "entropy_temperature": 1.0 if settings.greedy else settings.temperature,
                      "seed": cfg.trainer.seed, "reward_weights": dict(cfg.reward.weights),
+                     # how the prompts were rendered, for `reasonrl data traces` to write them as they were
+                     "system_prompt": system_prompt_for(cfg.data),
+                     "apply_chat_template": cfg.data.apply_chat_template,
+                     "observation_format": cfg.env.observation_format,
                      "tasks": {e.data_source: verifier_for(e.data_source, cfg.reward).task
                                for e in examples}},
         "times": times,
