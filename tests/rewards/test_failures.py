@@ -268,7 +268,7 @@ def test_the_memory_bound_is_a_config_key_and_a_models_worker_has_none(monkeypat
     from reasonrl.rewards import model_reward
     from reasonrl.rewards.verifiers import verifier_for
 
-    cfg = load_config(SMOKE, [f"reward.fn={HOSTILE}:one", "reward.max_memory_mb=1024"])  # imported: a real one
+    cfg = load_config(SMOKE, [f"reward.fn={HOSTILE}:one", "reward.max_memory_mb=1024"])  # imported: a real fn
     assert verifier_for("arithmetic", cfg.reward).max_memory_mb == 1024
     assert verifier_for("math", load_config(SMOKE, ["reward.max_memory_mb=0"]).reward).max_memory_mb == 0
     assert load_config(SMOKE).reward.max_memory_mb == 2048

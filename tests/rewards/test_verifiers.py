@@ -346,8 +346,8 @@ def test_verifier_precedence():
     assert verifier_for("gsm8k", RewardConfig(task="math")).task == "math"
     # reward.fn is imported to tell its style (reward.fn_style=auto): a real function here
     custom = verifier_for("gsm8k", RewardConfig(task="math", fn=f"{CUSTOM}:keyword"))
-    assert (custom.task, custom.target, custom.isolated, custom.style) == ("custom", f"{CUSTOM}:keyword", True,
-                                                                          "reasonrl")
+    assert (custom.task, custom.target, custom.isolated) == ("custom", f"{CUSTOM}:keyword", True)
+    assert custom.style == "reasonrl"
     v = verifier_for("countdown", RewardConfig(countdown_format_score=0.2, timeout=3.0))
     assert dict(v.options) == {"format_score": 0.2, "rule": "subset", "template": "qwen-instruct"}
     assert not v.isolated
