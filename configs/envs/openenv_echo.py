@@ -3,7 +3,7 @@
 # in as `openenv init echo` fills them). reasonrl trains against it unchanged:
 #   in this process: env.fn=configs/envs/openenv_echo.py:EchoEnvironment (configs/envs/openenv_echo.yaml)
 #   as a server:     python configs/envs/openenv_echo.py --port 8000, then
-#                    env.name=openenv env.url=ws://127.0.0.1:8000 (docs/env-formats.md)
+#                    env.name=openenv env.url=ws://127.0.0.1:8000 (docs/env-openenv.md)
 
 """
 Echo Environment Implementation.

@@ -3,7 +3,7 @@
 # change: `load()` reads the words below instead of the Hub dataset PrimeIntellect/Reverse-Text-RL,
 # so that nothing is fetched (set data.verifiers.taskset=reverse-text to train on the installed
 # package's own, dataset and all). reasonrl generates each reply and scores it with `lcs` in its
-# reward workers: configs/envs/verifiers_reverse_text.yaml, docs/env-formats.md.
+# reward workers: configs/envs/verifiers_reverse_text.yaml, docs/env-verifiers.md.
 
 """reverse-text: reverse a string character-by-character (single-turn).
 

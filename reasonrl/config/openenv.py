@@ -1,6 +1,6 @@
 """The `env.openenv` section and `env.url`: an OpenEnv environment, in this process (`env.fn`, in
 OpenEnv's style: `env.format=openenv`) or behind a server (`env.name=openenv env.url=...`), and
-the rules across their keys. Docs: docs/env-formats.md.
+the rules across their keys. Docs: docs/env-openenv.md.
 
 OpenEnv (github.com/meta-pytorch/OpenEnv, package `openenv-core`) types an environment's
 input and output: `step(Action) -> Observation`, each a pydantic model (`Action`,

@@ -2,7 +2,7 @@
 API, `verifiers.v1`) as a run's data (`data.task=verifiers`) and its `@vf.reward` functions as
 the `correct` reward (`reward.task=verifiers`), and the rules across their keys. Not to be
 confused with reasonrl's own answer checkers (`reasonrl.rewards.verifiers`, `reward.task`'s
-other values). Docs: docs/env-formats.md.
+other values). Docs: docs/env-verifiers.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenEnv environments (docs/env-formats.md), onto reasonrl's protocol (`reasonrl.envs.base`):
+"""OpenEnv environments (docs/env-openenv.md), onto reasonrl's protocol (`reasonrl.envs.base`):
 a class in this process (`env.fn=file.py:Class`, `env.format=openenv` or detected) or a server
 (`env.name=openenv env.url=ws://host:port`), one environment per episode either way.
 

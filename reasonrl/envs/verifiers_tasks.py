@@ -1,4 +1,4 @@
-"""`data.task=verifiers`: a `verifiers` v1 taskset's tasks as a run's examples (docs/env-formats.md),
+"""`data.task=verifiers`: a `verifiers` v1 taskset's tasks as a run's examples (docs/env-verifiers.md),
 scored by the taskset's own rewards in reasonrl's reward workers (`reward.task=verifiers`:
 `reasonrl.rewards.verifiers_taskset`).
 

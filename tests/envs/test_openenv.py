@@ -413,7 +413,7 @@ def test_no_server_is_refused_in_one_line():
 
 def test_the_example_config_trains_two_steps(tmp_path, monkeypatch):
     """configs/envs/openenv_echo.yaml (openenv init's echo environment, unchanged, beside it) with
-    the command docs/env-formats.md prints; a stop string makes the tiny random model's turns
+    the command docs/env-openenv.md prints; a stop string makes the tiny random model's turns
     end within their budget, so that episodes have several turns here."""
     openenv_or_skip()
     from reasonrl.cli import main
