@@ -95,10 +95,15 @@ def test_policy_learns_a_trivial_reward(tmp_path, monkeypatch):
     The embeddings are scaled up so the random model's next-token distribution is peaked
     enough that the chosen token (the one it already emits most) starts at a low but
     non-zero rate; the reward must then rise clearly within a dozen steps.
+
+    Which tokens are sampled depends on the CPU's rounding, so the trajectory does too; lr 5e-3
+    makes the verdict not depend on it. Perturbed here by a relative 1e-6 on the embeddings (a
+    rounding's size), 6 of 6 runs rise alike (last three steps 0.73-0.77 from 0.04); at lr 1e-2,
+    1 of 8 collapsed to 0 after step 4 and never rose.
     """
     cfg = load_config("configs/smoke.yaml", [
         f"trainer.output_dir={tmp_path}", "trainer.progress=false", "trainer.steps=12",
-        "trainer.batch_size=32", "rollout.n=8", "rollout.max_new_tokens=8", "optim.lr=1e-2",
+        "trainer.batch_size=32", "rollout.n=8", "rollout.max_new_tokens=8", "optim.lr=5e-3",
         "data.arithmetic.val_size=0"])
     trainer = Trainer(cfg)
     with torch.no_grad():
