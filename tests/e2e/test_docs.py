@@ -350,6 +350,10 @@ def _summaries(cwd: Path) -> dict[str, str]:
 # page -> [(regex on the page's command, comment left out, check(stdout, working dir, summary.json
 # files before))]: what the page says it prints or leaves; each must match a command of its page
 EXPECT = {
+    "docs/reward-functions.md": [
+        (r"^reasonrl reward --fn my_verl_reward\.py", lambda out, cwd, before: _json_line(out)["parts"] == {
+            "acc": 1.0} and _json_line(out)["score"] == 1.0),
+    ],
     "docs/usage.md": [
         (r"^reasonrl --help$", lambda out, cwd, before: all(
             c in out for c in ("train", "eval", "probe", "report", "reward", "data", "tool", "calibrate"))),
@@ -430,7 +434,9 @@ def missing_extra(argv: list[str], cwd: Path) -> str | None:
     args, rest = build_parser().parse_known_args(argv)
     cfg = command_config(args, rest, cwd)
     needs = {"peft": cfg and cfg.model.lora.rank > 0,
-             **{name: cfg and name in cfg.tracking.backends for name in ("tensorboard", "wandb")}}
+             **{name: cfg and name in cfg.tracking.backends for name in ("tensorboard", "wandb")},
+             "openenv": cfg and "openenv_echo.py" in cfg.env.fn,  # the real OpenEnv package's class
+             "verifiers": cfg and cfg.data.task == "verifiers"}
     return next((f"needs {module}, which is not installed" for module, needed in needs.items()
                  if needed and importlib.util.find_spec(module) is None), None)
 
