@@ -12,13 +12,13 @@ import json
 import pytest
 import torch
 import yaml
+from helpers import assert_same_run, interrupt_after, keep_torch_threads, resume_cfg  # noqa: F401 - autouse
 
 from reasonrl.accel import calibrate
 from reasonrl.config import load_config
 from reasonrl.errors import TrainingInterrupted
 from reasonrl.train import choices
 from reasonrl.train.trainer import Trainer
-from helpers import assert_same_run, interrupt_after, keep_torch_threads, resume_cfg  # noqa: F401 - autouse
 
 
 @pytest.fixture(autouse=True)
@@ -86,8 +86,8 @@ def test_a_resume_takes_the_checkpoints_choices_without_deciding(tmp_path, monke
     saved = {"rollout": {"hf_decoder": "modules"}, "trainer": {"threads": 3},
              "optim": {"max_tokens_per_micro_batch": 768}}
     decided = choices.decide(cfg, saved)
-    o = decided.optim
-    assert (decided.rollout.hf_decoder, decided.trainer.threads, o.max_tokens_per_micro_batch) == ("modules", 3, 768)
+    got = (decided.rollout.hf_decoder, decided.trainer.threads, decided.optim.max_tokens_per_micro_batch)
+    assert got == ("modules", 3, 768)
     # a checkpoint of a reasonrl that saved `auto`: decided now, and no config change on resume
     from reasonrl.checkpoint import config_changes
     from reasonrl.config import to_dict
