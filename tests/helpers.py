@@ -110,14 +110,16 @@ class ScriptedEngine:
     string it ends with, and is cut (truncated) at `max_new_tokens`. `calls` records each
     call's (prompt ids, params, seeds), `sampled` each call's rows of ids."""
 
-    def __init__(self, tokenizer, script: list[list[str]]):
-        self.tokenizer, self.script = tokenizer, script
+    def __init__(self, tokenizer, script: list[list[str]], logprobs: bool = False):
+        self.tokenizer, self.script, self.logprobs = tokenizer, script, logprobs
         self.calls: list[tuple] = []
         self.sampled: list[list[list[int]]] = []
+        self.sessions = 0  # `session()` blocks entered
 
     def session(self):
         import contextlib
 
+        self.sessions += 1
         return contextlib.nullcontext()
 
     def generate(self, prompt_ids, params, seeds=None):
@@ -133,7 +135,9 @@ class ScriptedEngine:
             rows.append(ids[: params.max_new_tokens])
             cut.append(len(ids) > params.max_new_tokens or not ended)
         self.sampled.append(rows)
-        return Generation(rows, cut, None)
+        # with `logprobs`: -0.5, -1.5, ... per token, a sampler's log-probs of a fixed shape
+        logp = [-0.5 - torch.arange(len(r), dtype=torch.float32) for r in rows] if self.logprobs else None
+        return Generation(rows, cut, logp)
 
 
 def check_token_in_token_out(r: Rollouts, sampled: list[list[list[int]]], tokenizer, pad_id: int) -> None:

@@ -5,7 +5,6 @@ engine on the tiny model, stop strings, metrics, the report and the evaluation's
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import check_token_in_token_out, policy_settings, spy_on
+from helpers import ScriptedEngine, check_token_in_token_out, policy_settings, spy_on
 
 from reasonrl.batch import EpisodeStats, Example, Rollouts, Scores, Turn
 from reasonrl.config import load_config
@@ -25,7 +24,7 @@ from reasonrl.envs.tool import ToolEnvironment, parse_tag_call, parse_tool_call
 from reasonrl.errors import ConfigError, SandboxError
 from reasonrl.evaluate import PromptResult, summarize
 from reasonrl.policy.worker import PolicyWorker
-from reasonrl.rollout import Generation, RolloutWorker, SamplingParams
+from reasonrl.rollout import RolloutWorker, SamplingParams
 from reasonrl.rollout.base import SEED_BOUND
 from reasonrl.rollout.episodes import ObservationEncoder, turn_seed
 from reasonrl.rollout.hf import HFEngine
@@ -231,34 +230,6 @@ def test_env_config_rules():
 
 
 # ---- the episode loop, with a scripted engine: every id is known ----------------------------
-
-class ScriptedEngine:
-    """Answers call k of `generate` with `script[k]`: one text per row (the prompts' n rows,
-    prompt-major). A text is tokenized; the row ends (not truncated) at EOS or a stop string
-    it ends with, and is cut (truncated) at `max_new_tokens`."""
-
-    def __init__(self, tokenizer, script, logprobs: bool = False):
-        self.tokenizer, self.script, self.logprobs = tokenizer, script, logprobs
-        self.calls: list[tuple[list[list[int]], SamplingParams, list[int] | None]] = []
-        self.sampled: list[list[list[int]]] = []
-
-    def session(self):
-        self.sessions = getattr(self, "sessions", 0) + 1
-        return contextlib.nullcontext()
-
-    def generate(self, prompt_ids, params, seeds=None):
-        texts = self.script[len(self.calls)]
-        assert len(texts) == len(prompt_ids) * params.n
-        self.calls.append((prompt_ids, params, seeds))
-        rows, cut = [], []
-        for text in texts:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            ended = ids[-1] == self.tokenizer.eos_token_id or any(text.endswith(s) for s in params.stop)
-            rows.append(ids[: params.max_new_tokens])
-            cut.append(len(ids) > params.max_new_tokens or not ended)
-        self.sampled.append(rows)
-        logp = [-0.5 - torch.arange(len(r), dtype=torch.float32) for r in rows] if self.logprobs else None
-        return Generation(rows, cut, logp)
 
 
 def ids_of(tokenizer, text: str) -> list[int]:

@@ -9,7 +9,6 @@ engine that answers each call with given texts), every reward computed by hand."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import sys
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import ScriptedEngine
 
 from reasonrl.batch import Example
 from reasonrl.config import load_config
@@ -34,7 +34,7 @@ from reasonrl.envs.openenv import (
     text_field,
 )
 from reasonrl.errors import ConfigError
-from reasonrl.rollout import Generation, RolloutWorker, SamplingParams
+from reasonrl.rollout import RolloutWorker, SamplingParams
 
 REPO = Path(__file__).parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -46,29 +46,6 @@ HI = Example("Say hi.", "0")
 def env_config(*overrides: str, max_new_tokens: int = 32):
     return load_config(REPO / "configs" / "smoke.yaml",
                        [f"rollout.max_new_tokens={max_new_tokens}", *overrides])
-
-
-class ScriptedEngine:
-    """Answers call k of `generate` with `script[k]`, one text per row; a row ends (not
-    truncated) at EOS or a stop string it ends with."""
-
-    def __init__(self, tokenizer, script):
-        self.tokenizer, self.script, self.calls = tokenizer, script, []
-
-    def session(self):
-        return contextlib.nullcontext()
-
-    def generate(self, prompt_ids, params, seeds=None):
-        texts = self.script[len(self.calls)]
-        assert len(texts) == len(prompt_ids) * params.n, (len(texts), len(prompt_ids), params.n)
-        self.calls.append((prompt_ids, params, seeds))
-        rows, cut = [], []
-        for text in texts:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            ended = ids[-1] == self.tokenizer.eos_token_id or any(text.endswith(s) for s in params.stop)
-            rows.append(ids[: params.max_new_tokens])
-            cut.append(len(ids) > params.max_new_tokens or not ended)
-        return Generation(rows, cut, None)
 
 
 def ids(tokenizer, text: str) -> list[int]:
