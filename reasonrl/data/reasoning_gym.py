@@ -146,16 +146,17 @@ def reasoning_gym_examples(cfg: DataConfig) -> tuple[list[Example], list[Example
     val_key = "data.val_path" if cfg.val_path else "data.train_path"
     held_out = [e for t in val_tasks for e in problems(t, rg.val_seed, rg.val_size, rg, several, val_key)]
     questions = {json.dumps(e.prompt) for e in held_out}
-    train, dropped = [], {}
+    train, dropped, drawn = [], {}, {}
     for task in train_tasks:
         for e in problems(task, rg.seed, rg.size, rg, several, "data.train_path"):
+            drawn[e.meta["task"]] = drawn.get(e.meta["task"], 0) + 1
             if json.dumps(e.prompt) in questions:
                 dropped[e.meta["task"]] = dropped.get(e.meta["task"], 0) + 1
             else:
                 train.append(e)
     if dropped:
-        said = ", ".join(f"{n} of {t}" for t, n in dropped.items())
-        print(f"[reasonrl] data.reasoning_gym: {said} training problems ask a held-out question (seed "
+        said = ", ".join(f"{n} of the {drawn[t]} {t}" for t, n in dropped.items())
+        print(f"[reasonrl] data.reasoning_gym: {said} training problems ask a held-out question (val_seed "
               f"{rg.val_seed}) and are left out", flush=True)
     if not train:
         raise DataError(f"data.train_path: every problem of {cfg.train_path} is a held-out question; "

@@ -155,8 +155,8 @@ def test_a_training_problem_that_asks_a_held_out_question_is_left_out_and_said(c
     every = problems("leg_counting", 0, 100, rg, False, "data.train_path")
     repeats = sum(e.prompt in asked for e in every)
     assert repeats > 0 and len(train) == 100 - repeats
-    assert (f"[reasonrl] data.reasoning_gym: {repeats} of leg_counting training problems ask a held-out "
-            "question (seed 1000000) and are left out") in capsys.readouterr().out
+    assert (f"[reasonrl] data.reasoning_gym: {repeats} of the 100 leg_counting training problems ask a "
+            "held-out question (val_seed 1000000) and are left out") in capsys.readouterr().out
 
 
 @needs_rg
