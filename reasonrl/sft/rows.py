@@ -6,9 +6,11 @@ episode's environment tokens are masked the same way).
 How a record becomes tokens, through the model's own chat template:
 
 - a pair whose prompt is text, with `data.apply_chat_template` (the default): the prompt is the
-  user turn after `data.system_prompt` (resolved as `reasonrl train` resolves it), exactly what
-  `train` feeds the model (`reasonrl.data.render_prompt`), and the completion the assistant turn;
-  the other cases below then apply to that conversation;
+  user turn after `data.system_prompt` (resolved as `reasonrl train` resolves it) and the tools
+  (a record's own `tools`, else the run's environment's), exactly what `train` feeds the model
+  (`reasonrl.data.render_prompt`: through the template's `tools=`, or in the system message for a
+  template that ignores them), and the completion the assistant turn; the other cases below then
+  apply to that conversation;
 - a conversation (or a pair in messages): rendered turn by turn (prime-rl's SFT data and verl's
   multi-turn SFT dataset build their loss masks the same way): each turn's text is what the
   template adds for it, given the turns before; an assistant turn's text after the template's
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reasonrl.data.prompts import tools_system_text
 from reasonrl.errors import DataError
 from reasonrl.sft.records import SFTRecord
 
@@ -60,8 +63,8 @@ class SFTRow:
 @dataclass(frozen=True)
 class RowSettings:
     """What turns records into rows besides the tokenizer: `data.apply_chat_template`, the
-    resolved `data.system_prompt`, `sft.completion_only`, `sft.max_tokens`, `sft.truncate`, and
-    the engine's stop tokens."""
+    resolved `data.system_prompt`, `sft.completion_only`, `sft.max_tokens`, `sft.truncate`, the
+    engine's stop tokens, and the run's environment's tools (JSON schemas; a record's own win)."""
 
     apply_chat_template: bool = True
     system_prompt: str = ""
@@ -69,6 +72,7 @@ class RowSettings:
     max_tokens: int = 1024
     truncate: str = "error"
     stop_ids: tuple[int, ...] = ()
+    tools: tuple[dict, ...] = ()
 
 
 def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
@@ -107,6 +111,24 @@ def _render(tokenizer, messages: list[dict], tools: list[dict] | None, generatio
                         f"({type(err).__name__}: {err})") from None
 
 
+def with_tools(messages: list[dict], tools: list[dict] | None, tokenizer, where: str,
+               key: str) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools for the template's `tools=`): as `render_prompt` renders tools, through
+    `tools=` where the template renders them, else described in the system message
+    (`tools_system_text`) and None."""
+    if not tools:
+        return messages, None
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prompt = messages[:first]
+    rendered = _render(tokenizer, prompt, tools, True, where, key)
+    if rendered != _render(tokenizer, prompt, None, True, where, key):
+        return messages, tools
+    block = tools_system_text(tools)
+    if messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]], None
+    return [{"role": "system", "content": block}, *messages], None
+
+
 def chat_tokens(record: SFTRecord, tokenizer, settings: RowSettings) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of the record's conversation through the chat template, turn by
     turn (module docstring)."""
@@ -116,6 +138,7 @@ def chat_tokens(record: SFTRecord, tokenizer, settings: RowSettings) -> tuple[li
     if first == 0:
         raise DataError(f"{record.where}: field '{key}': the conversation opens with an assistant turn; "
                         "it needs a system or user turn before it (its prompt)")
+    messages, tools = with_tools(messages, record.tools or list(settings.tools), tokenizer, record.where, key)
     stops = set(settings.stop_ids)
     context = 0 if settings.completion_only else 1
 
@@ -127,10 +150,10 @@ def chat_tokens(record: SFTRecord, tokenizer, settings: RowSettings) -> tuple[li
     rendered = ""
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
-            head = _render(tokenizer, messages[:i], record.tools, True, record.where, key)
+            head = _render(tokenizer, messages[:i], tools, True, record.where, key)
         else:
             head = rendered
-        full = _render(tokenizer, messages[: i + 1], record.tools, False, record.where, key)
+        full = _render(tokenizer, messages[: i + 1], tools, False, record.where, key)
         if not head.startswith(rendered) or not full.startswith(head):
             raise DataError(f"{record.where}: field '{key}': the model's chat template renders turn {i} "
                             f"({message['role']}) by changing the text of the turns before it, so its "

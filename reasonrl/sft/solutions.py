@@ -9,9 +9,11 @@ verifier reads.
 - `arithmetic`: the expression evaluated, then the calculator system prompt's answer sentence
   (`The answer is 7.`).
 
-`SOLVERS` maps a `data.task` to its solver, `solution(example) -> text`; the problem is read
+`SOLVERS` maps a task to its solver, `solution(example) -> text`, found by each problem's
+`data_source` (as `reward.task=auto` finds its verifier), else by `data.task`; the problem is read
 from the example's ground truth (Countdown's `{"numbers", "target"}`) or its expression, so a
-file of such problems gets solutions as well as the generated ones do.
+file of such problems (`data.task=file`, data_source `countdown`) gets solutions as well as the
+generated ones do.
 """
 
 from __future__ import annotations
@@ -110,16 +112,21 @@ SOLVERS: dict[str, Callable[[Example], str]] = {"countdown": countdown_solution,
                                                 "arithmetic": arithmetic_solution}
 
 
-def solver_for(task: str) -> Callable[[Example], str]:
-    """The solver of `data.task`; a ConfigError naming sft.source and the tasks that have one."""
-    if task not in SOLVERS:
-        raise ConfigError(f"sft.source=solver: data.task={task} has no solver; tasks with one: "
-                          f"{', '.join(SOLVERS)} (or give records with sft.source=files and sft.train_path)")
-    return SOLVERS[task]
+def solver_for(example: Example, task: str, where: str) -> Callable[[Example], str]:
+    """The solver of the example's data_source, else of `data.task`; a ConfigError naming
+    sft.source, the problem and the tasks that have one."""
+    solve = SOLVERS.get(example.data_source) or SOLVERS.get(task)
+    if solve is None:
+        raise ConfigError(f"sft.source=solver: no solver for {where} (data_source {example.data_source!r}, "
+                          f"data.task={task}); tasks with one: {', '.join(SOLVERS)} (or give records with "
+                          "sft.source=files and sft.train_path)")
+    return solve
 
 
 def solution_records(examples: list[Example], task: str, split: str = "training") -> list[SFTRecord]:
     """Each problem (its prompt as `train` shows it) paired with its worked solution."""
-    solve = solver_for(task)
-    return [SFTRecord(e.meta.get("origin", f"data.task={task} {split} problem {i}"), prompt=e.prompt,
-                      completion=solve(e)) for i, e in enumerate(examples, start=1)]
+    records = []
+    for i, e in enumerate(examples, start=1):
+        where = e.meta.get("origin", f"data.task={task} {split} problem {i}")
+        records.append(SFTRecord(where, prompt=e.prompt, completion=solver_for(e, task, where)(e)))
+    return records

@@ -46,7 +46,7 @@ from reasonrl.rng import seed_everything, set_rng_state
 from reasonrl.rollout import check_prompt_lengths
 from reasonrl.sft.records import SFTRecord, load_records
 from reasonrl.sft.rows import RowSettings, SFTRow, stop_token_ids, to_rows
-from reasonrl.sft.solutions import solution_records, solver_for
+from reasonrl.sft.solutions import solution_records
 from reasonrl.source import trainer_threads
 from reasonrl.source.held_out import held_out_metrics
 from reasonrl.tracking import Tracker, counted
@@ -119,8 +119,6 @@ class SFTTrainer:
         preflight(worker_config(cfg))  # a missing extra fails now, before any model loads
         warn_slow_precision(cfg)
         problems = task_problems(cfg) if cfg.sft.source == "solver" or cfg.sft.generate_eval else None
-        if cfg.sft.source == "solver":
-            solver_for(cfg.data.task)  # a task without one: said before the records are read
         self.records, self.held_out_records = sft_records(cfg, problems)
         if cfg.sft.val_size:
             self.held_out_records = self.held_out_records[: cfg.sft.val_size]
@@ -166,12 +164,13 @@ class SFTTrainer:
         self.learner = self.policy.learner
         s, d = cfg.sft, cfg.data
         stops = stop_token_ids(self.policy.model, tokenizer)
+        tools = tuple(getattr(self.rollout, "tools", ()) or ())  # the environment's, as train renders them
         self.row_settings = RowSettings(d.apply_chat_template, system_prompt_for(d), s.completion_only,
-                                        s.max_tokens, s.truncate, stops)
+                                        s.max_tokens, s.truncate, stops, tools)
         self.rows = to_rows(self.records, tokenizer, self.row_settings, "training records")
         self.held_out_rows = to_rows(self.held_out_records, tokenizer, self.row_settings, "held-out records")
         if self.problems:  # every held-out prompt too long for data.max_prompt_tokens: now
-            check_prompt_lengths(self.rollout, self.problems, d.max_prompt_tokens, held_out=[])
+            check_prompt_lengths(self.rollout, self.problems, d.max_prompt_tokens)
         trained, tokens = sum(r.trained for r in self.rows), sum(r.tokens for r in self.rows)
         problems = (f", {counted(len(self.problems), 'held-out problem')} for the accuracy" if self.problems
                     else "")

@@ -112,3 +112,15 @@ def test_a_conversation_opening_with_the_assistant_is_refused(tiny):
     _, tok = tiny
     with pytest.raises(DataError, match="f:3: field 'messages': the conversation opens with an assistant"):
         to_row(SFTRecord("f:3", messages=[{"role": "assistant", "content": "x"}]), tok, SETTINGS)
+
+
+def test_the_environments_tools_reach_the_prompt_as_train_renders_them(tiny):
+    """SmolLM2's template ignores `tools=`: `train` describes them in the system message, and so
+    does SFT, for a record without tools of its own."""
+    _, tok = tiny
+    tools = ({"type": "function", "function": {"name": "calculator", "description": "arithmetic",
+                                                "parameters": {"type": "object", "properties": {}}}},)
+    settings = RowSettings(system_prompt="Be brief.", stop_ids=(EOS,), tools=tools)
+    row = to_row(SFTRecord("f:1", prompt="What is 2 + 3?", completion="5"), tok, settings)
+    expected = render_prompt(Example("What is 2 + 3?", "5"), tok, True, "Be brief.", list(tools))
+    assert "<tools>" in expected and row.prompt_ids == ids(tok, expected)

@@ -145,7 +145,7 @@ def test_what_sft_refuses_at_start(tmp_path):
         SFTTrainer(sft_cfg(tmp_path, "x", "sft.source=files"))
     with pytest.raises(ConfigError, match="placement.mode=ray: reasonrl sft runs its workers in this"):
         SFTTrainer(sft_cfg(tmp_path, "x", "placement.mode=ray"))
-    with pytest.raises(ConfigError, match="sft.source=solver: data.task=piecewise has no solver"):
+    with pytest.raises(ConfigError, match="sft.source=solver: no solver for .* data.task=piecewise"):
         SFTTrainer(sft_cfg(tmp_path, "x", "data.task=piecewise"))
     Trainer(smoke_cfg(tmp_path, "rl", "trainer.steps=1")).fit()
     with pytest.raises(ConfigError, match="is a checkpoint of `reasonrl train`, not of an SFT run"):

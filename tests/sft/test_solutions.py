@@ -62,5 +62,8 @@ def test_records_pair_each_problem_with_its_solution_and_a_task_without_a_solver
     (record,) = solution_records([countdown([3, 5], 8)], "countdown")
     assert (record.prompt, record.completion) == ("?", "<think>\n5 + 3 = 8\n</think>\n<answer>5 + 3</answer>")
     assert record.where == "data.task=countdown training problem 1"
-    with pytest.raises(ConfigError, match="sft.source=solver: data.task=piecewise has no solver"):
-        solution_records([], "piecewise")
+    (record,) = solution_records([countdown([3, 5], 8)], "file")  # a file's problems: by data_source
+    assert record.completion.endswith("<answer>5 + 3</answer>")
+    with pytest.raises(ConfigError, match=r"sft.source=solver: no solver for data.task=piecewise training "
+                                          r"problem 1 \(data_source 'gsm8k', data.task=piecewise\)"):
+        solution_records([Example("?", "1", "gsm8k")], "piecewise")
