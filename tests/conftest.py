@@ -59,6 +59,7 @@ LONGEST_FIRST = [
     "rewards/test_failures.py",  # 33
     "tools/test_tools.py",  # 28
     "policy/test_scaling.py",  # 26
+    "sft/test_sft.py",  # 60-100, measured under load
 ]
 
 

@@ -110,7 +110,7 @@ def check_command(command: str) -> None:
         return
     args, rest = parser.parse_known_args(words[1:])
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad or (rest and args.command not in ("train", "eval", "probe")):
+    if bad or (rest and args.command not in ("train", "sft", "eval", "probe")):
         raise NotACommand(f"unrecognized arguments: {' '.join(bad or rest)}")
     command_config(args, rest, REPO)
 
@@ -119,7 +119,7 @@ def command_config(args, rest: list[str], root: Path):
     """The config a parsed `train` / `eval` / `probe` command resolves, its config file and a
     resumed run's config.yaml read from `root` (None for the other commands)."""
     overrides = [*getattr(args, "overrides", []), *rest]
-    if args.command == "train":
+    if args.command in ("train", "sft"):
         config = args.config
         if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
             overrides, config = [config, *overrides], None
@@ -350,6 +350,10 @@ def _summaries(cwd: Path) -> dict[str, str]:
 # page -> [(regex on the page's command, comment left out, check(stdout, working dir, summary.json
 # files before))]: what the page says it prints or leaves; each must match a command of its page
 EXPECT = {
+    "docs/sft.md": [
+        (r"^reasonrl data traces sampled\.json",
+         lambda out, cwd, before: "wrote 2 SFT records to good.jsonl" in out),
+    ],
     "docs/reward-functions.md": [
         (r"^reasonrl reward --fn my_verl_reward\.py", lambda out, cwd, before: _json_line(out)["parts"] == {
             "acc": 1.0} and _json_line(out)["score"] == 1.0),
@@ -418,7 +422,7 @@ def typed_argv(command: str) -> tuple[list[str], str | None]:
 
 
 def with_small(argv: list[str], cwd: Path) -> list[str]:
-    if argv[:1] not in (["train"], ["eval"], ["probe"]) or "--help" in argv:
+    if argv[:1] not in (["train"], ["sft"], ["eval"], ["probe"]) or "--help" in argv:
         return argv
     unset = [(key, value) for key, value in SMALL if not any(a.startswith(f"{key}=") for a in argv)]
     if any(callable(value) for _, value in unset):
@@ -429,7 +433,7 @@ def with_small(argv: list[str], cwd: Path) -> list[str]:
 
 def missing_extra(argv: list[str], cwd: Path) -> str | None:
     """The extra a command's config needs that is not installed (`make test-bare` has none)."""
-    if argv[:1] not in (["train"], ["eval"], ["probe"]):
+    if argv[:1] not in (["train"], ["sft"], ["eval"], ["probe"]):
         return None
     args, rest = build_parser().parse_known_args(argv)
     cfg = command_config(args, rest, cwd)
