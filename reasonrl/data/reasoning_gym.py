@@ -84,12 +84,23 @@ def _build(task: str, seed: int, size: int, options: dict[str, Any], key: str, w
     unknown = [k for k in options if k not in fields]
     if unknown:
         allowed = ", ".join(f for f in fields if f not in ("seed", "size"))
-        raise DataError(f"{where}.{unknown[0]}: {task} has no such option; its options: {allowed}")
+        hint = (" (a run of one task takes its options directly: data.reasoning_gym.options.<option>)"
+                if unknown[0] in DATASETS else "")
+        raise DataError(f"{where}.{unknown[0]}: {task} has no such option{hint}; its options: {allowed}")
     try:
         return library().create_dataset(task, seed=seed, size=size, **options)
     except (AssertionError, ValueError, TypeError) as err:
         raise DataError(f"{where}: {task} refuses {json.dumps(options, sort_keys=True)}: "
                         f"{type(err).__name__}: {err}") from None
+
+
+def _generate(task: str, dataset: Any, index: int) -> dict:
+    """Problem `index` of a dataset; DataError naming it if reasoning-gym fails to make it."""
+    try:
+        return dataset[index]
+    except Exception as err:
+        raise DataError(f"reasoning_gym:{task} (seed {dataset.seed}) problem {index}: reasoning-gym failed "
+                        f"to generate it: {type(err).__name__}: {err}") from None
 
 
 def _example(task: str, dataset: Any, index: int, problem: dict, options: dict[str, Any],
@@ -114,7 +125,7 @@ def problems(task: str, seed: int, size: int, rg: ReasoningGymConfig, several: b
     if task != COMPOSITE:
         options = task_options(task, rg.options, several)
         dataset = _build(task, seed, size, options, key, f"{where}.{task}" if several else where)
-        return [_example(task, dataset, i, dataset[i], options, rg) for i in range(size)]
+        return [_example(task, dataset, i, _generate(task, dataset, i), options, rg) for i in range(size)]
     from reasoning_gym.composite import DatasetSpec
 
     specs = []
@@ -125,7 +136,7 @@ def problems(task: str, seed: int, size: int, rg: ReasoningGymConfig, several: b
     mixture = library().create_dataset(COMPOSITE, seed=seed, size=size, datasets=specs)
     examples = []
     for i in range(size):
-        problem = mixture[i]
+        problem = _generate(COMPOSITE, mixture, i)
         name = problem["metadata"]["source_dataset"]  # the composite's entry i is that task's entry i
         options = task_options(name, rg.options, True)
         examples.append(_example(name, mixture.datasets[name], i, problem, options, rg))

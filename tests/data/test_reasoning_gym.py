@@ -184,6 +184,25 @@ def test_options_reach_the_generator_and_bad_ones_are_named():
 
 
 @needs_rg
+def test_options_under_the_tasks_name_in_a_run_of_one_task_and_a_failing_generator_are_named(monkeypatch):
+    with pytest.raises(DataError) as err:
+        examples("data.reasoning_gym.options={leg_counting: {max_animals: 3}}")
+    assert str(err.value).startswith(
+        "data.reasoning_gym.options.leg_counting: leg_counting has no such option (a run of one task takes "
+        "its options directly: data.reasoning_gym.options.<option>); its options: min_animals")
+    from reasoning_gym.factory import DATASETS
+
+    def broken(self, idx):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(DATASETS["leg_counting"][0], "__getitem__", broken)
+    with pytest.raises(DataError) as err:
+        examples()
+    assert str(err.value) == ("reasoning_gym:leg_counting (seed 1000000) problem 0: reasoning-gym failed to "
+                              "generate it: ValueError: boom")
+
+
+@needs_rg
 def test_several_tasks_each_with_their_own_options_and_size():
     train, held_out = examples("data.train_path=reasoning_gym:leg_counting,reasoning_gym:chain_sum",
                                "data.reasoning_gym.options={chain_sum: {min_terms: 2, max_terms: 2}}")
