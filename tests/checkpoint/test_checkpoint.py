@@ -106,11 +106,12 @@ def test_auto_precision_is_decided_once_and_a_resume_keeps_it(tmp_path, monkeypa
     with pytest.raises(TrainingInterrupted):
         trainer.fit()
     run = tmp_path / "r"
-    assert "[reasonrl] model.precision=auto -> bf16-mixed: from the test" in capsys.readouterr().out
+    assert "model.precision=bf16-mixed (from the test)" in capsys.readouterr().out  # the choices' line
     assert "precision: bf16-mixed" in (run / "config.yaml").read_text()
     answer["now"] = "fp32"
     assert main(["train", "--resume", str(run), "trainer.progress=false"]) == 0
-    assert "model.precision=auto" not in capsys.readouterr().out  # nothing decided again
+    out = capsys.readouterr().out
+    assert "model.precision=" not in out and "from the test" not in out  # the run's config.yaml: decided
     assert "precision: bf16-mixed" in (run / "config.yaml").read_text()
     assert [r["step"] for r in run_metrics(run)] == list(range(RESUME_STEPS + 1))
 
