@@ -339,8 +339,16 @@ def placement_rules(cfg: Config) -> None:
 
 
 # in the order of the config's sections (`Config`)
+def sft_rules(cfg: Config) -> None:
+    """`reasonrl sft`'s section: records come from files or from the task's solver, not both."""
+    s = cfg.sft
+    need(s.source == "files" or not (s.train_path or s.val_path),
+         f"sft.train_path / sft.val_path: read only with sft.source=files; sft.source={s.source} writes "
+         "its own records from data.task's problems: leave them empty, or set sft.source=files")
+
+
 RULES = (model_rules, data_rules, rollout_rules, env_rules, reward_rules, algo_rules, optim_rules,
-         eval_rules, critic_rules, teacher_rules, trainer_rules, placement_rules)
+         eval_rules, critic_rules, teacher_rules, trainer_rules, placement_rules, sft_rules)
 
 
 def validate(cfg: Config) -> None:

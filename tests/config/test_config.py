@@ -588,3 +588,10 @@ def test_rollout_threads_need_the_rollout_process_of_asynchronous_training():
         "process on trainer.threads: remove rollout.threads or set trainer.max_staleness")
     assert load_config(None, ["rollout.threads=2", "trainer.max_staleness=1"]).rollout.threads == 2
     assert load_config(None, ["trainer.max_staleness=1"]).rollout.threads == 0  # 0: half the cores
+
+
+def test_sft_records_come_from_files_or_the_solver_not_both():
+    assert load_config(None, ["sft.source=files", "sft.train_path=a.jsonl"]).sft.train_path == "a.jsonl"
+    assert load_config(None, ["sft.source=solver"]).sft.source == "solver"
+    assert config_error("sft.source=solver", "sft.train_path=a.jsonl").startswith(
+        "sft.train_path / sft.val_path: read only with sft.source=files; sft.source=solver writes its own")
