@@ -38,6 +38,9 @@ class ReasoningGymConfig:
     # one worked exchange before the question: the user asks "What is 2 + 2?" with the same instruction and
     # the assistant answers in the format (<answer>4</answer>, \boxed{4}); small models follow it far more
     demo: bool = False
+    # false: a task's score below full marks counts 0 (reasoning-gym's default score_answer gives
+    # len(answer) / len(text) to any answer containing the right one, which GRPO learns to game)
+    partial_credit: bool = True
 
 
 def task_list(paths: str) -> list[str]:

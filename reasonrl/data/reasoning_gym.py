@@ -109,7 +109,7 @@ def _example(task: str, dataset: Any, index: int, problem: dict, options: dict[s
         raise DataError(f"reasoning_gym:{task} (seed {dataset.seed}) problem {index}: no question")
     answer = problem.get("answer")
     ref = Reference(task, dataset.seed, dataset.size, index, options_key(options), rg.answer_format,
-                    None if answer is None else str(answer))
+                    None if answer is None else str(answer), rg.partial_credit)
     return Example(prompt=render(problem["question"], rg.answer_format, rg.demo), ground_truth=ref.to_json(),
                    data_source=SOURCE + task,
                    meta={"origin": f"reasoning_gym:{task}[seed {dataset.seed}]:{index}", "task": task,

@@ -22,7 +22,10 @@ then `score_answer`). A completion without one scores 0 and `score_answer` is no
 handed the raw completion, the default `ProceduralDataset.score_answer` gives
 len(answer) / len(completion) to any completion that merely contains the answer
 ("There are 42 legs." scores 2/18 on an answer of 42). Within the tag the task's own rule
-holds, partial credit included: `<answer>42 legs</answer>` scores 2/7.
+holds, partial credit included: `<answer>42 legs</answer>` scores 2/7, unless the ground truth
+says `"partial_credit": false` (data.reasoning_gym.partial_credit): then only full marks count.
+That default rule is gamed inside the tag too: GRPO on simple_equations (answers 1-10) learnt to
+write `\\boxed{15.56}`, which contains the answer 6 and earns 1/5.
 
 The verifier runs isolated (a worker process, `reward.timeout` per sample): some tasks' scores
 parse the answer with sympy, whose `parse_expr` evaluates Python, and model output is never
@@ -66,11 +69,12 @@ class Reference:
     options: str  # the task's options as sorted JSON (hashable: the cache key)
     format: str  # "tag" or "boxed": where the prompt asked for the answer
     answer: str | None = None  # the task's answer, for reading (None where the task checks instead)
+    partial_credit: bool = True  # false: a task score below full marks counts 0
 
     def to_json(self) -> str:
         return json.dumps({"task": self.task, "seed": self.seed, "size": self.size, "index": self.index,
                            "options": json.loads(self.options), "format": self.format,
-                           "answer": self.answer}, sort_keys=True)
+                           "answer": self.answer, "partial_credit": self.partial_credit}, sort_keys=True)
 
 
 def options_key(options: dict[str, Any]) -> str:
@@ -104,7 +108,10 @@ def parse_reference(ground_truth: str) -> Reference:
     if not isinstance(options, dict):
         raise GroundTruthError(f"options must be an object, got {options!r}")
     answer = None if record.get("answer") is None else str(record["answer"])
-    return Reference(task, seed, size, index, options_key(options), fmt, answer)
+    partial = record.get("partial_credit", True)
+    if not isinstance(partial, bool):
+        raise GroundTruthError(f"partial_credit must be true or false, got {partial!r}")
+    return Reference(task, seed, size, index, options_key(options), fmt, answer, partial)
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,15 +153,16 @@ def given_answer(completion: str, fallback_last_number: bool = True) -> str | No
     isolated=True, check=check_reference, answer=given_answer)
 def reasoning_gym_reward(completion: str, ground_truth: str,
                          extra_info: dict | None = None) -> dict[str, float]:
-    """{"score": the task's `score_answer` of the extracted answer (0 without one), "answer_found":
-    1 when the completion gives an answer in the format its prompt asked for}."""
+    """{"score": the task's `score_answer` of the extracted answer (0 without one; with
+    partial_credit false, 0 below full marks), "answer_found": 1 when the completion gives an answer
+    in the format its prompt asked for, "task_score": the task's own score}."""
     ref = parse_reference(ground_truth)
     answer = EXTRACTORS[ref.format](completion)
     if answer is None:
-        return {"score": 0.0, "answer_found": 0.0}
-    problem = entry(ref)
-    return {"score": float(dataset(ref.task, ref.seed, ref.size, ref.options).score_answer(answer, problem)),
-            "answer_found": 1.0}
+        return {"score": 0.0, "answer_found": 0.0, "task_score": 0.0}
+    task_score = float(dataset(ref.task, ref.seed, ref.size, ref.options).score_answer(answer, entry(ref)))
+    score = task_score if ref.partial_credit or task_score >= 1.0 else 0.0
+    return {"score": score, "answer_found": 1.0, "task_score": task_score}
 
 
 def _warmup() -> None:

@@ -119,7 +119,7 @@ def test_the_same_seed_gives_the_same_problems_and_another_seed_others():
         "10 scorpions, 15 spiders, 15 wasps, 4 praying mantiss, 9 crabs, 3 woodlouses?\n\n"
         "Give only your final answer, between <answer> and </answer>.")
     assert truth(train[0]) == {"task": "leg_counting", "seed": 0, "size": 20, "index": 0, "options": {},
-                               "format": "tag", "answer": "500"}
+                               "format": "tag", "answer": "500", "partial_credit": True}
     assert train[0].data_source == "reasoning_gym/leg_counting"
     assert train[0].meta["origin"] == "reasoning_gym:leg_counting[seed 0]:0"
     other = examples("data.reasoning_gym.seed=100", "data.reasoning_gym.val_seed=200")
@@ -254,11 +254,35 @@ def test_the_answer_is_extracted_before_score_answer(completion, score, found):
     from reasonrl.rewards.reasoning_gym import dataset, entry, parse_reference, reasoning_gym_reward
 
     train, _ = examples()
-    assert reasoning_gym_reward(completion, train[0].ground_truth) == {"score": score, "answer_found": found}
+    assert reasoning_gym_reward(completion, train[0].ground_truth) == {"score": score, "answer_found": found,
+                                                                       "task_score": score}
     ref = parse_reference(train[0].ground_truth)
     raw = dataset(ref.task, ref.seed, ref.size, ref.options).score_answer(completion, entry(ref))
     if "<" not in completion and "\\" not in completion:  # what passing the raw completion would give
         assert raw == pytest.approx(3 / len(completion)) and raw > 0
+
+
+@needs_rg
+def test_without_partial_credit_only_full_marks_count():
+    """simple_equations' answers are 1-10 and its score is the default one: `\\boxed{15.56}` holds the
+    answer 6 and earns 1/5, the partial credit a GRPO run learnt to collect (docs/reasoning-gym.md)."""
+    from reasonrl.rewards.reasoning_gym import reasoning_gym_reward
+
+    train, _ = examples("data.reasoning_gym.partial_credit=false")
+    assert truth(train[0])["partial_credit"] is False
+    assert reasoning_gym_reward("<answer>500 legs</answer>", train[0].ground_truth) == {
+        "score": 0.0, "answer_found": 1.0, "task_score": 3 / 8}
+    assert reasoning_gym_reward("<answer>500</answer>", train[0].ground_truth)["score"] == 1.0
+    gt = json.dumps({"task": "simple_equations", "seed": 0, "size": 1, "index": 0, "format": "boxed",
+                     "options": {"min_terms": 2, "max_terms": 2, "max_value": 10, "operators": ["+"],
+                                 "operators_weights": [1.0]}})
+    from reasonrl.rewards.reasoning_gym import entry, parse_reference
+
+    answer = entry(parse_reference(gt))["answer"]
+    wrong = f"\\boxed{{1{answer}.5}}"  # contains the answer: len(answer) / len(text)
+    assert reasoning_gym_reward(wrong, gt)["score"] == pytest.approx(len(answer) / (len(answer) + 3))
+    strict = json.dumps({**json.loads(gt), "partial_credit": False})
+    assert reasoning_gym_reward(wrong, strict)["score"] == 0.0
 
 
 @needs_rg
@@ -319,7 +343,7 @@ def test_the_reward_command_scores_a_reference(capsys):
     assert main(["reward", "--task", "reasoning_gym", "--ground-truth", gt,
                  "There are <answer>500</answer>"]) == 0
     row = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
-    assert (row["score"], row["parts"], row["error"]) == (1.0, {"answer_found": 1.0}, None)
+    assert (row["score"], row["parts"], row["error"]) == (1.0, {"answer_found": 1.0, "task_score": 1.0}, None)
 
 
 @needs_rg
