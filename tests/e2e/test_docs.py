@@ -433,6 +433,8 @@ def with_small(argv: list[str], cwd: Path) -> list[str]:
 
 def missing_extra(argv: list[str], cwd: Path) -> str | None:
     """The extra a command's config needs that is not installed (`make test-bare` has none)."""
+    if argv[:1] == ["reward"] and "reasoning_gym" in argv and not importlib.util.find_spec("reasoning_gym"):
+        return "needs reasoning_gym, which is not installed"
     if argv[:1] not in (["train"], ["sft"], ["eval"], ["probe"]):
         return None
     args, rest = build_parser().parse_known_args(argv)
@@ -440,7 +442,8 @@ def missing_extra(argv: list[str], cwd: Path) -> str | None:
     needs = {"peft": cfg and cfg.model.lora.rank > 0,
              **{name: cfg and name in cfg.tracking.backends for name in ("tensorboard", "wandb")},
              "openenv": cfg and "openenv_echo.py" in cfg.env.fn,  # the real OpenEnv package's class
-             "verifiers": cfg and cfg.data.task == "verifiers"}
+             "verifiers": cfg and cfg.data.task == "verifiers",
+             "reasoning_gym": cfg and cfg.data.task == "reasoning_gym"}
     return next((f"needs {module}, which is not installed" for module, needed in needs.items()
                  if needed and importlib.util.find_spec(module) is None), None)
 
