@@ -208,27 +208,6 @@ def load_target(target: str) -> Callable[..., Any]:
     return fn
 
 
-def check_signature(fn: Callable[..., Any], target: str) -> None:
-    """A custom reward must accept (completion, ground_truth, extra_info)."""
-    try:
-        inspect.signature(fn).bind("completion", "ground truth", {})
-    except TypeError as err:
-        raise TypeError(f"{target} must accept (completion, ground_truth, extra_info): {err}") from None
-    except ValueError:  # builtins without a signature: trust them
-        pass
-
-
-def check_batch_signature(fn: Callable[..., Any], target: str) -> None:
-    """A batch reward must accept (completions, ground_truths, groups, extra_infos)."""
-    try:
-        inspect.signature(fn).bind(["completion"], ["ground truth"], [0], [{}])
-    except TypeError as err:
-        raise TypeError(f"{target} must accept (completions, ground_truths, groups, extra_infos): "
-                        f"{err}") from None
-    except ValueError:  # builtins without a signature: trust them
-        pass
-
-
 def as_score(value: Any) -> tuple[float, dict[str, float]]:
     """A verifier's return value as (score, parts); raises TypeError/ValueError if malformed."""
     parts: dict[str, float] = {}

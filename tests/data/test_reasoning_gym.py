@@ -358,4 +358,4 @@ def test_the_example_config_trains_the_tiny_model_two_steps(tmp_path):
     assert lines[1]["reward/errors"] == 0 and lines[1]["reward/timeouts"] == 0
     assert lines[0]["eval/num_prompts"] == 4 and "eval/accuracy" in lines[2]
     samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
-    assert samples and all(json.loads(s["ground_truth"])["task"] == "leg_counting" for s in samples)
+    assert samples and all(json.loads(s["ground_truth"])["task"] == "isomorphic_strings" for s in samples)
