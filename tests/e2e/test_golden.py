@@ -60,6 +60,14 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "dapo": ("default.yaml", [*SMALL, "algo.dynamic_sampling=true", "algo.clip_high=0.28",
                               "algo.overlong_buffer=4", "optim.ppo_epochs=2",
                               "optim.mini_batches=2"]),
+    # frozen models beside the policy: a teacher (distillation, its reverse KL read by a two-epoch
+    # update) and a judge (a reward model scoring in its own process); KL in the reward read by a
+    # two-epoch update (the policy's no-grad log-probs wanted three ways in one step)
+    "distill": ("default.yaml", [*SMALL, "teacher.path=tiny", "teacher.coef=1.0", "teacher.task_weight=1.0",
+                                 "optim.ppo_epochs=2"]),
+    "judge": ("judge.yaml", [*SMALL, "reward.model.path=tiny", "reward.model.batch_size=8"]),
+    "kl_reward_epochs": ("default.yaml", [*SMALL, "algo.beta=0.05", "algo.kl_in=reward", "optim.ppo_epochs=2",
+                                          "optim.mini_batches=2"]),
     # asynchronous training (a batch from the policy K versions back), local and ray placement
     "async_k1": ("default.yaml", [*SMALL, "trainer.max_staleness=1"]),
     "async_k2": ("default.yaml", [*SMALL, "trainer.max_staleness=2"]),
