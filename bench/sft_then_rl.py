@@ -23,6 +23,7 @@ verdict is measured on the base model and on the first seed's SFT checkpoint (--
 
     python bench/sft_then_rl.py --seeds 0,1,2 --budget 300 --sft-steps 4 --sft-batch 16 --sft-lr 1e-4 \
         --out runs/bench_sft_rl
+    python bench/sft_then_rl.py --seeds 2 --append ...   # one more seed into the same results.json
     python bench/sft_then_rl.py --table runs/bench_sft_rl/results.json   # an earlier run's table again
 
 (docs/sft.md has the table this made; results.json is written after each seed.)
@@ -134,6 +135,8 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=30)
     parser.add_argument("--out", default="runs/bench_sft_rl")
     parser.add_argument("--no-probe", action="store_true")
+    parser.add_argument("--append", action="store_true",
+                        help="add these seeds' runs to OUT/results.json (same settings)")
     parser.add_argument("--model", default="",
                         help="model.path of both arms ('' = the embedded default; tiny: a smoke check)")
     args = parser.parse_args()
@@ -151,8 +154,19 @@ def main() -> None:
            f"trainer.batch_size={args.sft_batch}", f"optim.lr={args.sft_lr}", "sft.generate_eval=false",
            "trainer.eval_every=0", f"rollout.max_new_tokens={tokens}"]
     results: dict = {"settings": vars(args), "runs": []}
-    print(f"[bench] problems: {train}, {held_out}; base model's held-out accuracy ...", flush=True)
-    results["base_accuracy"] = evaluate(args.model, held_out, out, "base", args.max_new_tokens)
+    if args.append and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())
+        mine = {k: v for k, v in vars(args).items() if k not in ("seeds", "append", "no_probe")}
+        theirs = {k: results["settings"].get(k) for k in mine}
+        if mine != theirs:
+            sys.exit(f"--append: {out / 'results.json'} was made with other settings: {theirs}")
+        done = {r["seed"] for r in results["runs"]}
+        if done & {int(s) for s in args.seeds.split(",")}:
+            sys.exit(f"--append: {out / 'results.json'} has seeds {sorted(done)} already")
+        args.no_probe = True  # the probes are the first run's
+    else:
+        print(f"[bench] problems: {train}, {held_out}; base model's held-out accuracy ...", flush=True)
+        results["base_accuracy"] = evaluate(args.model, held_out, out, "base", args.max_new_tokens)
     if not args.no_probe:
         results["probe_base"] = probe(args.model, held_out, out, "base", args.max_new_tokens)
         print(f"[bench] probe of the base model: {results['probe_base']}", flush=True)
