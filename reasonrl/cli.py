@@ -11,6 +11,7 @@ module per command, each declaring its options), the dispatch, and the one line 
     reasonrl eval  [--config C] [--model M] [--data FILE|TASK] [--n 16 --k 1,4,16] [--output F.json]
     reasonrl probe [--config C] [--model M] [--data FILE|TASK]
     reasonrl calibrate [--reset | --precision]
+    reasonrl serve [CHECKPOINT] [--host H] [--port P] [--config C] [dotted.key=value ...]
 
 Every failure ends in one line on stderr, `reasonrl: error: ...` (`reasonrl: config error: ...`
 for a configuration key) naming what happened and what to do, with exit code 2 when the input
@@ -28,7 +29,7 @@ import sys
 import traceback
 
 import reasonrl  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
-from reasonrl.commands import calibrate, data, eval, probe, report, reward, sft, tool, train
+from reasonrl.commands import calibrate, data, eval, probe, report, reward, serve, sft, tool, train
 from reasonrl.errors import (
     ConfigError,
     DataError,
@@ -43,7 +44,7 @@ from reasonrl.errors import (
 )
 
 # The commands, in --help's order: each module declares its own subcommand (`add_parser`)
-COMMANDS = (train, sft, data, reward, tool, report, eval, probe, calibrate)
+COMMANDS = (train, sft, data, reward, tool, report, eval, probe, calibrate, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     # argparse stops filling `overrides` at the first option: `train c.yaml --flag a.b=1`
     # leaves `a.b=1` unparsed; anything else unknown is a real error.
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad or (rest and args.command not in ("train", "sft", "eval", "probe")):
+    if bad or (rest and args.command not in ("train", "sft", "eval", "probe", "serve")):
         parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
     if rest:
         args.overrides = [*args.overrides, *rest]
