@@ -110,7 +110,7 @@ def check_command(command: str) -> None:
         return
     args, rest = parser.parse_known_args(words[1:])
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad or (rest and args.command not in ("train", "sft", "eval", "probe")):
+    if bad or (rest and args.command not in ("train", "sft", "eval", "probe", "serve")):
         raise NotACommand(f"unrecognized arguments: {' '.join(bad or rest)}")
     command_config(args, rest, REPO)
 
@@ -135,6 +135,10 @@ def command_config(args, rest: list[str], root: Path):
             overrides.append(f"model.path={args.model}")
         if args.task is not None:
             overrides.append(f"reward.task={args.task}")
+        return load_config(args.config and str(root / args.config), overrides)
+    if args.command == "serve":  # CHECKPOINT may be a key=value (no checkpoint) or a run not trained here
+        checkpoint = args.checkpoint
+        overrides = [checkpoint, *overrides] if checkpoint and "=" in checkpoint else overrides
         return load_config(args.config and str(root / args.config), overrides)
     return None
 
@@ -231,6 +235,10 @@ SKIPS = [  # (regex on the command as the page writes it, why it does not run he
                              "built by hand on the H100 machine"),
     (r"^cat fourteen_children_of_400_mb\.py\b", "the page does not give the program "
                                                 "(tests/tools/test_tools.py runs its like)"),
+    (r"^reasonrl serve\b", "a server: it runs until stopped (tests/commands/test_serve_command.py starts "
+                           "it, asks it with the openai client and stops it with SIGTERM)"),
+    (r"^curl .*127\.0\.0\.1:8000/v1/", "asks the server docs/serve.md started (tests/serve/test_endpoint.py "
+                                       "sends such requests)"),
 ]
 
 MAKE = {  # the Makefile's targets that train: its install step (`venv`) left out
