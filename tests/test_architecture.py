@@ -266,3 +266,41 @@ def test_a_test_out_of_place_is_caught(tmp_path):
         "tests/test_rewards.py tests no module reasonrl/rewards.py",
         "test_gae.py twice", "tests/algo/__init__.py: no __init__.py in tests/",
         "tests/e2e/test_e2e.py imports a test module: what tests share is in helpers.py"]
+
+
+# ---- every [reasonrl] line goes through reasonrl/console.py -------------------------------------
+
+def console_line_literals(package: Path) -> list[str]:
+    """`path:line` of every string literal outside reasonrl/console.py that begins a `[reasonrl]`
+    console line (a print, a message written by hand): each must be `console.info` /
+    `console.warning` / `console.error`, so that the quiet and JSON modes reach it."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).as_posix() == "console.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.lstrip("\n").startswith("[reasonrl]")):
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_module_but_console_writes_a_reasonrl_line():
+    assert console_line_literals(REPO / "reasonrl") == []
+
+
+def test_a_reasonrl_line_written_by_hand_is_caught(tmp_path):
+    package = tmp_path / "reasonrl"
+    (package / "train").mkdir(parents=True)
+    (package / "console.py").write_text('PREFIX = "[reasonrl] "\n')
+    (package / "train" / "loop.py").write_text(
+        'import sys\nprint("[reasonrl] done", flush=True)\n'
+        'print(f"\\n[reasonrl] {sys.argv[0]}: stopping", file=sys.stderr)\nsay("reasonrl: fine")\n')
+    assert console_line_literals(package) == ["reasonrl/train/loop.py:2", "reasonrl/train/loop.py:3"]
+
+
+def test_the_console_imports_nothing_from_reasonrl():
+    text = (REPO / "reasonrl" / "console.py").read_text(encoding="utf-8")
+    assert not re.search(r"^\s*(from|import) reasonrl", text, re.M)

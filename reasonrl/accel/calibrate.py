@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from reasonrl import console
 from reasonrl.accel.decode import FALLBACK, decoder, unavailable
 from reasonrl.accel.host import (  # noqa: F401 - CHOICE_FLAGS, flags_in_*: re-exported, where they were
     CHOICE_FLAGS,
@@ -163,7 +164,7 @@ def _cached(key: str, what: str, valid: Callable[[dict], bool]) -> dict | None:
     why = stale_reason(entry, cpu_flags(), load_per_core())
     if why is None:
         return entry
-    print(f"[reasonrl] {what} calibration: {why}: measuring again", flush=True)
+    console.info(f"{what} calibration: {why}: measuring again")
     return None
 
 
@@ -280,10 +281,10 @@ def fastest_for_key(key: str, model: Callable[[], object], rows: int) -> tuple[s
     start = time.perf_counter()
     entry = _record(key, "decoder", load, **measure(model(), max(rows, 1)))
     found = ", ".join(f"{p} {s * 1e3:.1f} ms" for p, s in entry["seconds"].items())
-    print(f"[reasonrl] decoder calibration ({key}): {found} per step (least of up to "
+    console.info(f"decoder calibration ({key}): {found} per step (least of up to "
           f"{DECODE_ROUNDS * TIMED_STEPS} steps in {DECODE_ROUNDS} interleaved rounds, a decoder "
           f"{GIVE_UP:g}x slower than the best dropped; load {entry['load']} per core; "
-          f"{time.perf_counter() - start:.1f} s) -> {entry['fastest']}", flush=True)
+          f"{time.perf_counter() - start:.1f} s) -> {entry['fastest']}", key=key, fastest=entry['fastest'])
     return entry["fastest"], "measured now: the line above"
 
 

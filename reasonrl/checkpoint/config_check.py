@@ -25,7 +25,7 @@ from reasonrl.errors import ConfigError
 RESUME_SAFE_KEYS = (
     "trainer.resume", "trainer.allow_config_change", "trainer.progress", "trainer.output_dir",
     "trainer.run_name", "trainer.keep_last", "trainer.max_bad_steps", "trainer.save_every",
-    "trainer.eval_every", "trainer.log_samples", "trainer.threads",
+    "trainer.eval_every", "trainer.log_samples", "trainer.threads", "trainer.console",
     "placement.address", "placement.num_cpus", "placement.start_timeout", "placement.call_timeout",
 )
 

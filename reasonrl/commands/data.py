@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from reasonrl import console
+
 
 def add_parser(sub) -> None:
     """The `data` subcommand of the CLI's parser, with its subcommands `prepare` and `traces`."""
@@ -59,7 +61,7 @@ def prepare_command(args: argparse.Namespace) -> int:
 
     count = prepare(args.task, args.output, args.input, limit=args.limit, size=args.size,
                     seed=args.seed, instruction=args.instruction, skip=args.skip, template=args.template)
-    print(f"[reasonrl] wrote {count} {args.task} records to {args.output}", flush=True)
+    console.info(f"wrote {count} {args.task} records to {args.output}", records=count, path=str(args.output))
     return 0
 
 
@@ -80,10 +82,10 @@ def traces_command(args: argparse.Namespace) -> int:
                                            else first.with_name(f"{first.stem}.traces.jsonl"))
     write_records(traces.records, out)
     dropped = f", {traces.duplicates} duplicates dropped" if args.dedupe else ""
-    print(f"[reasonrl] wrote {len(traces.records)} SFT records to {out}: {traces.passed} of {traces.samples} "
-          f"samples scored at least {args.min_reward:g} (and {traces.truncated} more cut at the token limit, "
-          f"left out){dropped}", flush=True)
+    console.info(f"wrote {len(traces.records)} SFT records to {out}: {traces.passed} of {traces.samples} "
+                 f"samples scored at least {args.min_reward:g} (and {traces.truncated} more cut at the token "
+                 f"limit, left out){dropped}", records=len(traces.records), path=str(out))
     for source in sources:
         for note in source.notes:
-            print(f"[reasonrl] note: {source.path}: {note}", flush=True)
+            console.info(f"{source.path}: {note}", label="note: ")
     return 0

@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from reasonrl import console
 from reasonrl.commands.evaluation import add_options, run, settings_from_options, write_json
 from reasonrl.errors import DataError
 from reasonrl.tracking import counted
@@ -41,14 +42,15 @@ def eval_command(args: argparse.Namespace) -> int:
     results, record = run(cfg, settings, args.data)
     report = eval_report(results, record, settings.ks)
     t = report["times"]
-    print(f"[reasonrl] eval of {report['model']} on {report['settings']['data']}: "
-          f"{counted(len(results), 'prompt')} x {settings.n} {'greedy' if settings.greedy else 'sampled'}, "
-          f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
-          f"reward {t['reward_s']:.1f})", flush=True)
+    console.info(f"eval of {report['model']} on {report['settings']['data']}: "
+                 f"{counted(len(results), 'prompt')} x {settings.n} "
+                 f"{'greedy' if settings.greedy else 'sampled'}, "
+                 f"wall {t['wall_s']:.1f} s (generate {t['generate_s']:.1f}, entropy {t['entropy_s']:.1f}, "
+                 f"reward {t['reward_s']:.1f})")
     print(format_table(report), flush=True)
     if base is not None:
         report["compare"] = {"base": args.compare, "deltas": compare_deltas(base, report)}
-        print(f"[reasonrl] {args.compare} -> this evaluation", flush=True)
+        console.info(f"{args.compare} -> this evaluation")
         print(format_compare(base, report, Path(args.compare).stem, "this"), flush=True)
     if args.output:
         write_json(args.output, report)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reasonrl import console
 from reasonrl.config import Config, EvalConfig, TeacherConfig, WorkerPlacement, load_config
 from reasonrl.errors import ConfigError, DataError
 from reasonrl.registry import DATA_TASKS, VERIFIERS
@@ -205,26 +206,27 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
     from reasonrl.rollout import check_prompt_lengths
     from reasonrl.train.choices import decide, warn_slow_precision
 
-    cfg = _without_teacher(cfg)
-    preflight(cfg)
-    warn_slow_precision(cfg)
-    t_start = time.perf_counter()
-    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
-    examples, what = load_eval_examples(cfg, data, settings.limit)
-    check_examples(examples, cfg.reward)
-    record_plan(examples, settings)  # a record's bad extra_info.n / pass@k fails before the model loads
-    cfg = decide(_eval_config(cfg, settings))  # the decoder, precision, budget: once, said
-    t = time.perf_counter()
-    workers = build_workers(cfg)
-    try:
-        # The engine must serve exactly the policy's weights: the entropy pass reads the policy.
-        workers.sync.push(0)  # checked as the trainer's pushes are (ray mode: actor to actor)
-        seed_everything(cfg.trainer.seed)
-        load_s = time.perf_counter() - t
-        check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
-        evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc)
-    finally:
-        workers.close()
+    with console.using(cfg.trainer.console):  # the run's lines in trainer.console's mode
+        cfg = _without_teacher(cfg)
+        preflight(cfg)
+        warn_slow_precision(cfg)
+        t_start = time.perf_counter()
+        torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+        examples, what = load_eval_examples(cfg, data, settings.limit)
+        check_examples(examples, cfg.reward)
+        record_plan(examples, settings)  # a record's bad extra_info.n / pass@k fails before the model loads
+        cfg = decide(_eval_config(cfg, settings))  # the decoder, precision, budget: once, said
+        t = time.perf_counter()
+        workers = build_workers(cfg)
+        try:
+            # The engine must serve exactly the policy's weights: the entropy pass reads the policy.
+            workers.sync.push(0)  # checked as the trainer's pushes are (ray mode: actor to actor)
+            seed_everything(cfg.trainer.seed)
+            load_s = time.perf_counter() - t
+            check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
+            evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc)
+        finally:
+            workers.close()
     times = {"load_s": load_s, **evaluation.times, "wall_s": time.perf_counter() - t_start}
     generated = sum(sum(r.lengths) for r in evaluation.results)
     times["generated_tokens_per_s"] = generated / max(times["generate_s"], 1e-9)
@@ -251,4 +253,4 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
 def write_json(path: str, report: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"[reasonrl] wrote {path}", flush=True)
+    console.info(f"wrote {path}", path=str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from reasonrl import console
 from reasonrl.commands.evaluation import add_options, run, settings_from_options, write_json
 from reasonrl.errors import ConfigError
 from reasonrl.tracking import counted
@@ -50,9 +51,9 @@ def probe_command(args: argparse.Namespace) -> int:
     results, record = run(cfg, settings, args.data, desc="probe")
     report = probe_report(results, record, thresholds)
     t = report["times"]
-    print(f"[reasonrl] probe of {report['model']} on {report['settings']['data']}: "
-          f"{counted(len(results), 'prompt')} x {counted(settings.n, 'sample')} at "
-          f"T={settings.temperature:g}, wall {t['wall_s']:.1f} s", flush=True)
+    console.info(f"probe of {report['model']} on {report['settings']['data']}: "
+                 f"{counted(len(results), 'prompt')} x {counted(settings.n, 'sample')} at "
+                 f"T={settings.temperature:g}, wall {t['wall_s']:.1f} s")
     print(format_verdict(report), flush=True)
     if args.output:
         write_json(args.output, report)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from reasonrl import console
+
 
 def add_parser(sub) -> None:
     """The `report` subcommand of the CLI's parser."""
@@ -24,5 +26,5 @@ def report_command(args: argparse.Namespace) -> int:
     from reasonrl.report import write_report
 
     path = write_report(args.runs, args.output)
-    print(f"[reasonrl] wrote {path}", flush=True)
+    console.info(f"wrote {path}", path=str(path))
     return 0

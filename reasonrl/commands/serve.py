@@ -18,13 +18,8 @@ import signal
 import threading
 from pathlib import Path
 
+from reasonrl.console import info as say  # every [reasonrl] line goes through the console
 from reasonrl.errors import ConfigError, MissingExtraError, ModelLoadError
-
-try:  # every [reasonrl] line goes through the console module where the package has one
-    from reasonrl.console import info as say
-except ImportError:  # pragma: no cover - a checkout from before reasonrl/console.py
-    def say(message: str, **fields) -> None:
-        print(f"[reasonrl] {message}", flush=True)
 
 
 def add_parser(sub) -> None:

@@ -425,6 +425,9 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = param(0, ge=0)  # 0 = only before and after training
     save_every: int = param(0, ge=0)  # 0 = only at the end
+    # the [reasonrl] console lines: text, quiet (warnings alone) or json (one object per line);
+    # "" = $REASONRL_CONSOLE, else text (reasonrl/console.py)
+    console: Literal["", "text", "quiet", "json"] = ""
     log_samples: int = param(4, ge=0)  # completions written to samples.jsonl per step
     output_dir: str = "runs"
     run_name: str = ""  # "" = a timestamp

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from reasonrl import console
 from reasonrl.batch import Example
 from reasonrl.config import ArithmeticConfig
 
@@ -42,8 +43,8 @@ def arithmetic_examples(cfg: ArithmeticConfig, seed: int) -> tuple[list[Example]
         set(cfg.operators)) ** (cfg.num_operands - 1)
     val_size = min(cfg.val_size, space // 3)
     if val_size < cfg.val_size:
-        print(f"[reasonrl] data.arithmetic: only {space} distinct problems; holding out "
-              f"{val_size} instead of val_size={cfg.val_size}", flush=True)
+        console.info(f"data.arithmetic: only {space} distinct problems; holding out "
+                     f"{val_size} instead of val_size={cfg.val_size}")
     held_out: dict[str, int] = {}
     while len(held_out) < val_size:
         expr, value = arithmetic_problem(rng, cfg)

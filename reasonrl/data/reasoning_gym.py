@@ -27,6 +27,7 @@ import difflib
 import json
 from typing import Any
 
+from reasonrl import console
 from reasonrl.batch import Example
 from reasonrl.config import DataConfig, ReasoningGymConfig
 from reasonrl.config.reasoning_gym import COMPOSITE, task_list
@@ -167,8 +168,8 @@ def reasoning_gym_examples(cfg: DataConfig) -> tuple[list[Example], list[Example
                 train.append(e)
     if dropped:
         said = ", ".join(f"{n} of the {drawn[t]} {t}" for t, n in dropped.items())
-        print(f"[reasonrl] data.reasoning_gym: {said} training problems ask a held-out question (val_seed "
-              f"{rg.val_seed}) and are left out", flush=True)
+        console.info(f"data.reasoning_gym: {said} training problems ask a held-out question (val_seed "
+                     f"{rg.val_seed}) and are left out")
     if not train:
         raise DataError(f"data.train_path: every problem of {cfg.train_path} is a held-out question; "
                         "raise data.reasoning_gym.size or change data.reasoning_gym.seed")

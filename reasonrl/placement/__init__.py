@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from reasonrl import console
 from reasonrl.config import Config, resolve_device
 from reasonrl.placement.actors import build_ray_workers
 from reasonrl.placement.local import (
@@ -61,9 +62,10 @@ __all__ = ["DEFAULT_POSITIONS", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic
 
 
 def precision_decision(cfg: Config) -> tuple[str, str | None]:
-    """(the precision `model.precision` resolves to here, the console line saying why; None
-    when it was not `auto`): `reasonrl.policy.precision.resolve` at the policy's device and a
-    micro-batch's positions."""
+    """(the precision `model.precision` resolves to here, why; None when it was not `auto`):
+    `reasonrl.policy.precision.resolve` at the policy's device and a micro-batch's positions.
+    The only place a config's `auto` is resolved: a run's automatic choices
+    (`reasonrl.train.choices`) and `with_precision` both ask it."""
     policy_gpus = cfg.placement.mode == "ray" and cfg.placement.policy.num_gpus > 0
     device = "cuda" if policy_gpus else str(resolve_device(cfg.placement.device))
     rows = cfg.optim.micro_batch_size * (cfg.rollout.max_new_tokens + cfg.data.max_prompt_tokens // 4)
@@ -80,7 +82,7 @@ def with_precision(cfg: Config) -> Config:
     if cfg.model.precision != "auto":
         return cfg
     precision, why = precision_decision(cfg)
-    print(why, flush=True)
+    console.info(f"model.precision=auto -> {precision}: {why}")
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from reasonrl import console
 from reasonrl.config import Config
 from reasonrl.data import system_prompt_for
 from reasonrl.envs import environment_spec
@@ -67,7 +68,7 @@ from reasonrl.worker_protocols import (
     missing_methods,
 )
 
-# what every actor process gets in its environment (besides REASONRL_HOME when set here)
+# what every actor process gets in its environment (besides REASONRL_HOME and REASONRL_CONSOLE when set here)
 ACTOR_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 # The policy's weights leave its actor as zero-copy tensors (the receiver maps the object
 # store's memory read-only and copies them into its model). Only the policy gets it: the
@@ -304,6 +305,7 @@ def build_ray_workers(cfg: Config) -> Workers:
     env = dict(ACTOR_ENV)
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
+    env.update(console.inherited_env())  # the actors' [reasonrl] lines in this run's console mode
     world, replicas = p.policy.ranks, p.rollout.replicas
     critics = p.critic.ranks if needs_critic(cfg.algo.advantage) else 0
     teachers = 1 if cfg.teacher.path else 0

@@ -21,12 +21,12 @@ import importlib.util
 import os
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from reasonrl import console
 from reasonrl.cache import reasonrl_home
 from reasonrl.errors import ModelLoadError
 
@@ -92,8 +92,8 @@ def default_model_dir() -> Path:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
         gguf = _gguf_path()
-        print(f"[reasonrl] converting {gguf.name} to safetensors in {reasonrl_home()} "
-              "(once, about a minute)", flush=True)
+        console.info(f"converting {gguf.name} to safetensors in {reasonrl_home()} "
+                     "(once, about a minute)")
         quantized = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
             quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
@@ -202,8 +202,8 @@ def resolve_hub_model(repo_id: str, revision: str = "") -> Path:
     except RevisionNotFoundError:
         raise ModelLoadError(f"model.revision={revision}: {repo_id} has no such revision") from None
     if unreachable is not None:
-        print(f"[reasonrl] {unreachable}: model.path={repo_id}{at} from the Hugging Face cache ({found})",
-              file=sys.stderr, flush=True)
+        console.warning(f"{unreachable}: model.path={repo_id}{at} from the Hugging Face cache ({found})",
+                        label="")
     return found
 
 

@@ -39,11 +39,10 @@ when it is high.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
+from reasonrl import console
 from reasonrl.policy.lora import is_lora
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16", "auto")
@@ -164,9 +163,9 @@ class UnchangedCounter:
         share = same / max(total, 1)
         if share > UNCHANGED_WARNING and not self.warned:
             self.warned = True
-            print(f"[reasonrl] warning: model.precision=bf16: the update of step {step + 1} left "
-                  f"{share:.1%} of the weights unchanged (updates below half a bf16 spacing round "
-                  "away); model.precision=bf16-mixed keeps fp32 master weights", file=sys.stderr, flush=True)
+            console.warning(f"model.precision=bf16: the update of step {step + 1} left "
+                            f"{share:.1%} of the weights unchanged (updates below half a bf16 spacing round "
+                            "away); model.precision=bf16-mixed keeps fp32 master weights")
         return share
 
 
@@ -185,7 +184,8 @@ def model_shapes(path: str, revision: str = "") -> tuple[int, int]:
 
 def resolve(precision: str, path: str, revision: str, tokens: int,
             device: str = "cpu") -> tuple[str, str | None]:
-    """(the precision to run in, the console line saying why; None when none was asked for).
+    """(the precision to run in, why; None when none was asked for): the one resolver of
+    `model.precision=auto` (a config's: `reasonrl.placement.precision_decision`, its only caller).
 
     `auto` is decided by `reasonrl.accel.calibrate.precision_choice`: a short measurement of a
     decoder MLP's forward and backward at this model's shapes in fp32 and in bf16 on this
@@ -199,4 +199,4 @@ def resolve(precision: str, path: str, revision: str, tokens: int,
 
     hidden, intermediate = model_shapes(path, revision)
     choice, why = precision_choice(hidden, intermediate, tokens, device)
-    return choice, f"[reasonrl] model.precision=auto -> {choice}: {why}"
+    return choice, why

@@ -8,9 +8,9 @@ report is a warning, never a lost run.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
+from reasonrl import console
 from reasonrl.errors import ReportError
 from reasonrl.report.load import load_run
 from reasonrl.report.page import render_html
@@ -48,6 +48,6 @@ def report_after_training(run_dir: Path) -> Path | None:
     try:
         return write_report([run_dir])
     except Exception as err:  # matplotlib, disk, a malformed line: keep the finished run
-        print(f"[reasonrl] warning: report.html not written ({type(err).__name__}: {err}); "
-              f"retry with `reasonrl report {run_dir}`", file=sys.stderr, flush=True)
+        console.warning(f"report.html not written ({type(err).__name__}: {err}); "
+                        f"retry with `reasonrl report {run_dir}`")
         return None

@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 
+from reasonrl import console
+
 _BOUND_MB = 0  # this worker's memory bound (MB, 0: none), for the messages
 
 
@@ -154,15 +156,15 @@ def bound_memory(megabytes: int) -> None:
         limit = megabytes << 20
         hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
         if hard != resource.RLIM_INFINITY and hard < limit:  # already bounded lower: kept
-            print(f"[reasonrl] reward worker {os.getpid()}: memory bounded at {hard >> 20} MB, the hard "
-                  f"RLIMIT_DATA it was started with, below reward.max_memory_mb={megabytes}",
-                  file=sys.stderr, flush=True)
+            console.warning(f"reward worker {os.getpid()}: memory bounded at {hard >> 20} MB, the hard "
+                            f"RLIMIT_DATA it was started with, below reward.max_memory_mb={megabytes}",
+                            label="")
             limit = hard
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         _BOUND_MB = limit >> 20
     except (ImportError, AttributeError, ValueError, OSError) as err:
-        print(f"[reasonrl] reward worker {os.getpid()}: its memory is not bounded (reward.max_memory_mb="
-              f"{megabytes}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        console.warning(f"reward worker {os.getpid()}: its memory is not bounded (reward.max_memory_mb="
+                        f"{megabytes}): {type(err).__name__}: {err}", label="")
 
 
 def main() -> None:

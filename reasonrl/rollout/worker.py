@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
+from reasonrl import console
 from reasonrl.batch import Example, Rollouts
 from reasonrl.data import render_prompt
 from reasonrl.envs import EnvSpec
@@ -64,9 +65,9 @@ def check_prompt_lengths(rollout, examples: list[Example], max_prompt_tokens: in
     sets = f"{summary['train']} of {len(examples)} {'train ' if split else ''}prompts"
     if held_out:
         sets += f" and {summary['held_out']} of {len(held_out)} held-out prompts"
-    print(f"[reasonrl] data.truncate_prompts=left: {sets} are longer than data.max_prompt_tokens="
-          f"{max_prompt_tokens} and are cut from the left, by at most {summary['most']} tokens "
-          f"({where_of(everything[most])})", flush=True)
+    console.info(f"data.truncate_prompts=left: {sets} are longer than data.max_prompt_tokens="
+                 f"{max_prompt_tokens} and are cut from the left, by at most {summary['most']} tokens "
+                 f"({where_of(everything[most])})")
     return summary
 
 

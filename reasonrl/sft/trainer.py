@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from reasonrl import console
 from reasonrl.algo import Metric, Totals
 from reasonrl.algo.sft import perplexity, sft_objective
 from reasonrl.checkpoint import check_config_changes, config_hash, read_checkpoint
@@ -125,8 +126,8 @@ class SFTTrainer:
         self.problems = problems[1] if problems is not None and cfg.sft.generate_eval else []
         if t.epochs > 0:
             cfg = with_epochs(cfg, len(self.records))
-            print(f"[reasonrl] trainer.epochs={t.epochs:g}: {cfg.trainer.steps} steps ({len(self.records)} "
-                  f"records, {t.batch_size} per step)", flush=True)
+            console.info(f"trainer.epochs={t.epochs:g}: {cfg.trainer.steps} steps ({len(self.records)} "
+                         f"records, {t.batch_size} per step)", steps=cfg.trainer.steps)
         self.cfg, self.overwrite, self.workers = cfg, overwrite, None
         self.run = RunDir.locate(cfg)
         try:
@@ -174,9 +175,9 @@ class SFTTrainer:
         trained, tokens = sum(r.trained for r in self.rows), sum(r.tokens for r in self.rows)
         problems = (f", {counted(len(self.problems), 'held-out problem')} for the accuracy" if self.problems
                     else "")
-        print(f"[reasonrl] SFT data: {counted(len(self.rows), 'training record')} ({trained:,} trained "
-              f"tokens of {tokens:,}), {counted(len(self.held_out_rows), 'held-out record')}{problems}",
-              flush=True)
+        console.info(f"SFT data: {counted(len(self.rows), 'training record')} ({trained:,} trained "
+                     f"tokens of {tokens:,}), "
+                     f"{counted(len(self.held_out_rows), 'held-out record')}{problems}")
         self.sampler = PromptSampler(self.rows, cfg.trainer.seed, d.shuffle)
         self.step_count = 0
         self.bad = BadSteps(cfg, self.run.last_good, command="sft")
@@ -198,8 +199,8 @@ class SFTTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.step_count, self.bad.count = state["step"], state["bad_steps"]
         if changes:
-            print(f"[reasonrl] resuming with changed settings, in force from step {self.step_count + 1}: "
-                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()), flush=True)
+            console.info(f"resuming with changed settings, in force from step {self.step_count + 1}: "
+                         + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
         self.workers.sync.push(self.step_count)
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
@@ -300,23 +301,24 @@ class SFTTrainer:
             summary = json.loads((run_dir / "summary.json").read_text())
         except (OSError, ValueError):
             pass
-        print(f"[reasonrl] {run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
-              f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{said(summary)}. To train "
-              f"it further: reasonrl sft --resume {run_dir} trainer.steps=N --allow-config-change "
-              f"trainer.steps (N > {step})", flush=True)
+        console.info(f"{run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
+                     f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{said(summary)}. "
+                     f"To train it further: reasonrl sft --resume {run_dir} trainer.steps=N "
+                     f"--allow-config-change trainer.steps (N > {step})", run_dir=str(run_dir), step=step)
         return SFTResult(run_dir, summary.get("eval_before") or {}, summary.get("eval_after") or {}, {})
 
     def open_run(self) -> tuple[Path, dict[str, float]]:
         resumed = self.resumed
         run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"], self.overwrite)
         if resumed is not None:
-            print(f"[reasonrl] resuming {run_dir} from {resumed['path']} "
-                  f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
+            console.info(f"resuming {run_dir} from {resumed['path']} "
+                         f"(step {self.step_count} of {self.cfg.trainer.steps})", run_dir=str(run_dir),
+                         step=self.step_count)
             return run_dir, resumed["eval_before"]
-        print(f"[reasonrl] run directory: {run_dir}", flush=True)
+        console.info(f"run directory: {run_dir}", run_dir=str(run_dir))
         eval_before = self.evaluate()
         if eval_before:
-            print(f"[reasonrl] held-out before training: {held_out_line(eval_before)}", flush=True)
+            console.info(f"held-out before training: {held_out_line(eval_before)}")
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
@@ -371,17 +373,18 @@ class SFTTrainer:
         self.run.write_summary({"kind": KIND, "steps": self.step_count, "eval_before": eval_before,
                                 "eval_after": eval_after})
         if eval_before:
-            print(f"[reasonrl] held-out: {held_out_line(eval_before)} before -> {held_out_line(eval_after)} "
-                  f"after {counted(self.step_count, 'step')}", flush=True)
+            console.info(f"held-out: {held_out_line(eval_before)} before -> {held_out_line(eval_after)} "
+                         f"after {counted(self.step_count, 'step')}")
         checkpoint = run_dir / "checkpoints" / f"step_{self.step_count}"
-        print(f"[reasonrl] wrote {run_dir}/ (config.yaml, metrics.jsonl, {checkpoint.relative_to(run_dir)}"
-              f"/huggingface); RL from it: reasonrl train CONFIG model.path={checkpoint}", flush=True)
+        console.info(f"wrote {run_dir}/ (config.yaml, metrics.jsonl, {checkpoint.relative_to(run_dir)}"
+                     f"/huggingface); RL from it: reasonrl train CONFIG model.path={checkpoint}",
+                     run_dir=str(run_dir), checkpoint=str(checkpoint))
         if self.cfg.tracking.report:
             from reasonrl.report import report_after_training
 
             report = report_after_training(run_dir)
             if report is not None:
-                print(f"[reasonrl] report: {report}", flush=True)
+                console.info(f"report: {report}", path=str(report))
         return SFTResult(run_dir, eval_before, eval_after, metrics)
 
 
@@ -403,13 +406,15 @@ def said(summary: dict) -> str:
 
 
 def sft(cfg: Config, overwrite: bool = False) -> SFTResult:
-    """Fine-tune with `cfg` (`overwrite`: replace the run already in the run's folder)."""
-    trainer = SFTTrainer(cfg, overwrite)
-    try:
-        return trainer.fit()
-    finally:
-        if trainer.workers is not None:
-            trainer.workers.close()
+    """Fine-tune with `cfg` (`overwrite`: replace the run already in the run's folder), its
+    console lines in `trainer.console`'s mode."""
+    with console.using(cfg.trainer.console):
+        trainer = SFTTrainer(cfg, overwrite)
+        try:
+            return trainer.fit()
+        finally:
+            if trainer.workers is not None:
+                trainer.workers.close()
 
 
 __all__ = ["KIND", "SFTResult", "SFTTrainer", "sft"]

@@ -13,10 +13,10 @@ weights or a checkpoint could hold them.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from reasonrl import console
 from reasonrl.config import Config
 from reasonrl.errors import TrainingAborted
 
@@ -55,8 +55,8 @@ class BadSteps:
         elif no_reward:
             self.reason = f"every reward call failed, e.g. {failures[0]}"
         if bad:
-            print(f"[reasonrl] step {step}: {self.reason} ({self.count} in a row; abort "
-                  f"at {self.cfg.trainer.max_bad_steps})", file=sys.stderr, flush=True)
+            console.warning(f"step {step}: {self.reason} ({self.count} in a row; abort "
+                            f"at {self.cfg.trainer.max_bad_steps})", label="", step=step)
 
     def learning_rate(self, key: str) -> float:
         """The configured value of `key`, optim.lr or critic.lr."""

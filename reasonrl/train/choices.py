@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Mapping
 
 import torch
 
+from reasonrl import console
 from reasonrl.checkpoint.config_check import UNDECIDED
 from reasonrl.config import Config
 from reasonrl.config.rules import resolve_device
@@ -148,10 +148,10 @@ def decide_budget(cfg: Config) -> tuple[int | None, str]:
     return budget, f"the model's activations per position in {name} and the {device}'s memory"
 
 
-def decide(cfg: Config, saved: Mapping | None = None, say=print) -> Config:
+def decide(cfg: Config, saved: Mapping | None = None) -> Config:
     """`cfg` with every automatic choice (module docstring) made: the checkpoint's saved value
     when resuming (`saved`: the checkpoint's config) and it has one, else decided now. One
-    console line lists what was decided and how (`say`)."""
+    console line lists what was decided and how."""
     lines = []
     for key in AUTOMATIC:
         if _get(cfg, key) != UNDECIDED[key]:
@@ -169,14 +169,13 @@ def decide(cfg: Config, saved: Mapping | None = None, say=print) -> Config:
         cfg = _set(cfg, key, value)
         lines.append(f"{key}={value} ({why})")
     if lines:
-        say("[reasonrl] automatic choices, saved with the run: " + "; ".join(lines), flush=True)
+        console.info("automatic choices, saved with the run: " + "; ".join(lines))
     return cfg
 
 
 def _decide(cfg: Config, key: str):
     if key == "model.precision":
-        precision, why = precision_decision(cfg)
-        return precision, (why or "").removeprefix("[reasonrl] model.precision=auto -> ").split(": ", 1)[-1]
+        return precision_decision(cfg)
     if key == "rollout.hf_decoder":
         return decide_decoder(cfg)
     if key == "optim.max_tokens_per_micro_batch":
@@ -208,7 +207,7 @@ def measured_bf16_ratio() -> float | None:
     return newest["seconds"]["fp32"] / newest["seconds"]["bf16"]
 
 
-def warn_slow_precision(cfg: Config, say=print) -> bool:
+def warn_slow_precision(cfg: Config) -> bool:
     """An explicit bf16 precision (`bf16-mixed`, `bf16`) on a CPU whose flags name no bf16 units
     makes every matrix product emulated, the run many times slower: said at once, before any
     calibration or model load, with the measured ratio where the calibration cache has one (else
@@ -222,8 +221,8 @@ def warn_slow_precision(cfg: Config, say=print) -> bool:
     ratio = measured_bf16_ratio()
     slower = (f"measured here {1 / ratio:.1f}x slower than fp32" if ratio and ratio < 1
               else f"expected {EXPECTED_BF16_SLOWDOWN} slower than fp32")
-    say(f"[reasonrl] warning: model.precision={p} on a CPU without bf16 units (flags "
-        f"[{' '.join(calibrate.cpu_flags())}]: none of {', '.join(calibrate.BF16_FLAGS)}): its bf16 matrix "
-        f"products are emulated, {slower}. model.precision=auto picks fp32 on this CPU; "
-        "model.precision=fp32 says so", file=sys.stderr, flush=True)
+    console.warning(f"model.precision={p} on a CPU without bf16 units (flags "
+                    f"[{' '.join(calibrate.cpu_flags())}]: none of {', '.join(calibrate.BF16_FLAGS)}): "
+                    f"its bf16 matrix products are emulated, {slower}. model.precision=auto picks fp32 "
+                    "on this CPU; model.precision=fp32 says so")
     return True

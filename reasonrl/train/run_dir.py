@@ -24,13 +24,13 @@ import os
 import shutil
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from reasonrl import console
 from reasonrl.checkpoint import (
     STATE_FILE,
     STEP_DIR,
@@ -190,8 +190,8 @@ class RunLock:
                             f"end, stop it, or choose another trainer.run_name") from None
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous:  # a clean release empties the file: its holder died with the lock
-            print(f"[reasonrl] {path}: taking over the lock left by {previous} (that process has ended)",
-                  file=sys.stderr, flush=True)
+            console.warning(f"{path}: taking over the lock left by {previous} (that process has ended)",
+                            label="")
         record = (f"pid {os.getpid()} on host {socket.gethostname()}, since "
                   f"{datetime.now().isoformat(timespec='seconds')}\n").encode()
         try:
@@ -275,11 +275,11 @@ class RunDir:
             run.release()
             raise
         for checkpoint, why in run.skipped:
-            print(f"[reasonrl] passing over damaged checkpoint {checkpoint}: {why}", file=sys.stderr,
-                  flush=True)
+            console.warning(f"passing over damaged checkpoint {checkpoint}: {why}", label="",
+                            checkpoint=str(checkpoint))
         if run.skipped:
-            print(f"[reasonrl] resuming from the newest intact checkpoint, {run.checkpoint}",
-                  file=sys.stderr, flush=True)
+            console.warning(f"resuming from the newest intact checkpoint, {run.checkpoint}", label="",
+                            checkpoint=str(run.checkpoint))
         return run
 
     def release(self) -> None:
@@ -307,7 +307,7 @@ class RunDir:
         if offsets is not None:
             check_logs(self.path, offsets, self.checkpoint)  # a log that lost lines: before anything changes
             for note in missing_logs(self.path, offsets, self.checkpoint, checkpoint_step(self.checkpoint)):
-                print(f"[reasonrl] warning: {note}", file=sys.stderr, flush=True)  # gone: started afresh
+                console.warning(note)  # gone: started afresh
             remove_partial(self.path)
             self.set_aside_newer()
             with _writing("the run's logs in", self.path):
@@ -332,8 +332,7 @@ class RunDir:
                     raise FileExistsError(existing_run_message(self.path))
                 state = run_state(self.path)[0]
                 clear_run(self.path)
-                print(f"[reasonrl] --overwrite: deleted the run that was in {self.path} ({state})",
-                      file=sys.stderr, flush=True)
+                console.warning(f"--overwrite: deleted the run that was in {self.path} ({state})", label="")
         with _writing("the run directory", self.path):
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "config.yaml").write_text(dump_yaml(cfg))
@@ -350,7 +349,7 @@ class RunDir:
             newer = resumed is not None and int(STEP_DIR.match(path.name).group(1)) > int(resumed.group(1))
             if path in damaged or newer:
                 aside = set_aside(path, "damaged" if path in damaged else "superseded")
-                print(f"[reasonrl] set {path.name} aside as {aside}", file=sys.stderr, flush=True)
+                console.warning(f"set {path.name} aside as {aside}", label="")
         self.skipped = []
 
     def log_offsets(self) -> dict[str, int]:
@@ -432,8 +431,8 @@ class StopSignals:
         if self.requested is not None:  # asked twice: abandon the step now
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
-        print(f"\n[reasonrl] {self.requested}: finishing {self.describe()}, then saving a checkpoint (send "
-              "it again to stop at once and lose that step)", file=sys.stderr, flush=True)
+        console.warning(f"{self.requested}: finishing {self.describe()}, then saving a checkpoint (send "
+                        "it again to stop at once and lose that step)", label="", lead="\n")
 
     def __enter__(self) -> StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):

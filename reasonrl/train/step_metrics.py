@@ -158,7 +158,7 @@ def zero_reward_warning(first: int, last: int, metrics: dict[str, float], max_ne
     causes = ["the task is too hard for this model (SFT first, or easier data)",
               f"the completions do not give the answer in the form the reward reads (reward.task={task})"]
     causes.insert(0 if truncated >= 0.5 else 2, cut)
-    return (f"[reasonrl] warning: steps {first}-{last}: {symptom}: no sample was right, so the policy "
+    return (f"steps {first}-{last}: {symptom}: no sample was right, so the policy "
             f"has no reward to learn from (a group's advantages are all 0). Likely: {'; or '.join(causes)}. "
             f"Check the task with `reasonrl probe --config {run_dir}/config.yaml` and read the completions "
             f"in {run_dir}/samples.jsonl")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from reasonrl import console
 from reasonrl.batch import StepBatch, TeacherScores, TrainBatch
 from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.config import Config, TeacherConfig, to_dict
@@ -125,8 +125,8 @@ class Trainer:
         if t.epochs > 0:
             self.cfg = cfg = with_epochs(cfg, len(self.train_examples))
             t = cfg.trainer
-            print(f"[reasonrl] trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
-                  f"prompts, {t.batch_size // r.n} per step)", flush=True)
+            console.info(f"trainer.epochs={t.epochs:g}: {t.steps} steps ({len(self.train_examples)} "
+                         f"prompts, {t.batch_size // r.n} per step)", steps=t.steps)
         self.overwrite, self.workers = overwrite, None
         self.source: BatchSource | None = None  # built with the workers (none for a finished run)
         self.run = RunDir.locate(cfg)  # a resumed run's lock (a new run's: in `fit`) until `fit` ends
@@ -197,8 +197,8 @@ class Trainer:
         self.source.restore(state["sampler"], tensors.get("in_flight"))
         self.step_count, self.bad.count = state["step"], state["bad_steps"]
         if changes:
-            print(f"[reasonrl] resuming with changed settings, in force from step {self.step_count + 1}: "
-                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()), flush=True)
+            console.info(f"resuming with changed settings, in force from step {self.step_count + 1}: "
+                         + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
         self.source.publish(self.step_count)  # the loaded weights are this version
         set_rng_state(tensors["rng"])
         self.resumed = {**state, "path": str(path)}
@@ -265,16 +265,18 @@ class Trainer:
         resumed = self.resumed
         run_dir = self.run.open(self.cfg, None if resumed is None else resumed["offsets"], self.overwrite)
         if resumed is not None:
-            print(f"[reasonrl] resuming {run_dir} from {resumed['path']} "
-                  f"(step {self.step_count} of {self.cfg.trainer.steps})", flush=True)
+            console.info(f"resuming {run_dir} from {resumed['path']} "
+                         f"(step {self.step_count} of {self.cfg.trainer.steps})", run_dir=str(run_dir),
+                         step=self.step_count)
             return run_dir, resumed["eval_before"]
-        print(f"[reasonrl] run directory: {run_dir}", flush=True)
+        console.info(f"run directory: {run_dir}", run_dir=str(run_dir))
         eval_before = self.evaluate()
         if eval_before:
             s = self.eval_settings
             how = "greedy" if s.greedy else f"sampled at T={s.temperature:g}"
-            print(f"[reasonrl] held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
-                  f"({counted(int(eval_before['eval/num_prompts']), 'problem')}, {how})", flush=True)
+            console.info(f"held-out accuracy before training: {eval_before['eval/accuracy']:.3f} "
+                         f"({counted(int(eval_before['eval/num_prompts']), 'problem')}, {how})",
+                         accuracy=eval_before['eval/accuracy'])
         return run_dir, eval_before
 
     def save_checkpoint(self, eval_before: dict[str, float]) -> Path:
@@ -292,9 +294,9 @@ class Trainer:
     def report_reward_failures(self, failures: list[str | None] | None) -> None:
         """Each kind of reward failure printed once, with its message (then only counted)."""
         for message in self.reward_failures.new(failures):
-            print(f"[reasonrl] step {self.step_count}: a reward failed and scored 0: {message} (first of "
-                  "its kind; later ones are counted in reward/errors, reward/timeouts)", file=sys.stderr,
-                  flush=True)
+            console.warning(f"step {self.step_count}: a reward failed and scored 0: {message} (first of "
+                            "its kind; later ones are counted in reward/errors, reward/timeouts)", label="",
+                            step=self.step_count)
 
     def sample_rows(self, batch: StepBatch, advantages: torch.Tensor) -> list[dict]:
         """One completion from each of the first `trainer.log_samples` groups (more variety
@@ -343,9 +345,9 @@ class Trainer:
             held_out = (f"; held-out accuracy {before['eval/accuracy']:.3f} before -> "
                         f"{after['eval/accuracy']:.3f} after {counted(summary.get('steps', step), 'step')} "
                         "(its summary.json)")
-        print(f"[reasonrl] {run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
-              f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{held_out}. "
-              f"To train it further: {extend_command(run_dir, step)}", flush=True)
+        console.info(f"{run_dir} is finished: its checkpoint {self.run.checkpoint.name} is at step "
+                     f"{step} of trainer.steps={self.cfg.trainer.steps}, nothing to train{held_out}. "
+                     f"To train it further: {extend_command(run_dir, step)}", run_dir=str(run_dir), step=step)
         return RunResult(run_dir, before, after, {})
 
     def train_steps(self) -> RunResult:
@@ -378,8 +380,8 @@ class Trainer:
         self.bad.update(self.step_count, metrics, batch.scores.failures)
         if self.zero_rewards.update(self.step_count, metrics):  # once per run
             cfg, first = self.cfg, self.zero_rewards.first
-            tracker.write(zero_reward_warning(first, self.step_count, metrics, cfg.rollout.max_new_tokens,
-                                              cfg.reward.task, str(self.run.path)))
+            console.warning(zero_reward_warning(first, self.step_count, metrics, cfg.rollout.max_new_tokens,
+                                                cfg.reward.task, str(self.run.path)), write=tracker.write)
         if self.eval_due(self.step_count):
             eval_after = self.evaluate()
             metrics.update(eval_after)
@@ -394,24 +396,28 @@ class Trainer:
         self.run.write_summary({"steps": self.step_count, "eval_before": eval_before,
                                 "eval_after": eval_after})
         if eval_before:
-            print(f"[reasonrl] held-out accuracy: {eval_before['eval/accuracy']:.3f} before -> "
-                  f"{eval_after['eval/accuracy']:.3f} after {counted(self.step_count, 'step')}", flush=True)
-        print(f"[reasonrl] wrote {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, "
-              f"checkpoints/step_{self.step_count}/huggingface)", flush=True)
+            console.info(f"held-out accuracy: {eval_before['eval/accuracy']:.3f} before -> "
+                         f"{eval_after['eval/accuracy']:.3f} after {counted(self.step_count, 'step')}",
+                         before=eval_before['eval/accuracy'], after=eval_after['eval/accuracy'])
+        console.info(f"wrote {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, "
+                     f"checkpoints/step_{self.step_count}/huggingface)", run_dir=str(run_dir),
+                     step=self.step_count)
         if self.cfg.tracking.report:
             from reasonrl.report import report_after_training
 
             report = report_after_training(run_dir)
             if report is not None:
-                print(f"[reasonrl] report: {report}", flush=True)
+                console.info(f"report: {report}", path=str(report))
         return RunResult(run_dir, eval_before, eval_after, metrics)
 
 
 def train(cfg: Config, overwrite: bool = False) -> RunResult:
-    """Train with `cfg` (`overwrite`: replace the run already in the run's folder)."""
-    trainer = Trainer(cfg, overwrite)
-    try:
-        return trainer.fit()
-    finally:
-        if trainer.workers is not None:  # none for a finished run
-            trainer.workers.close()  # engines freed, ray actors stopped
+    """Train with `cfg` (`overwrite`: replace the run already in the run's folder), its console
+    lines in `trainer.console`'s mode."""
+    with console.using(cfg.trainer.console):
+        trainer = Trainer(cfg, overwrite)
+        try:
+            return trainer.fit()
+        finally:
+            if trainer.workers is not None:  # none for a finished run
+                trainer.workers.close()  # engines freed, ray actors stopped

@@ -146,7 +146,7 @@ def test_auto_is_decided_from_the_cached_calibration_without_measuring(monkeypat
 
     monkeypatch.setattr(calibrate, "precision_choice", cached, raising=False)
     assert precision.resolve("auto", "tiny", "", 256) == (
-        "bf16-mixed", "[reasonrl] model.precision=auto -> bf16-mixed: cached")
+        "bf16-mixed", "cached")
     assert precision.resolve("fp32", "tiny", "", 256) == ("fp32", None)
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from reasonrl import console
 from reasonrl.errors import ConfigError, SandboxError
 from reasonrl.tools.sandbox.bootstrap import _PROBE_CODE
 from reasonrl.tools.sandbox.bounds import find_call_bounds
@@ -46,8 +47,10 @@ def sandbox_plan(mode: str = "auto", uid: int = DEFAULT_UID, python: str = "") -
         if key not in _PLANS:
             try:
                 plan: SandboxPlan | SandboxError = _probe_plan(mode, uid, python)
-                warn = "WARNING: " if not plan.files_hidden else ""
-                print(f"[reasonrl] {warn}tool sandbox: {plan.summary()}", file=sys.stderr, flush=True)
+                if plan.files_hidden:
+                    console.info(f"tool sandbox: {plan.summary()}", err=True)
+                else:
+                    console.warning(f"tool sandbox: {plan.summary()}", label="WARNING: ")
             except SandboxError as err:
                 plan = err
             _PLANS[key] = plan

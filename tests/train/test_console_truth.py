@@ -191,11 +191,38 @@ def test_overwrite_starts_over_and_a_run_of_zero_rewards_says_so_once(tmp_path, 
     assert [x["step"] for x in lines] == [0, 1, 2, 3, 4]  # the new run's alone
     assert all(x["reward/mean"] == 0 and x["reward/std"] == 0 for x in lines[1:])
     warnings = [x[x.index("[reasonrl] warning"):] for x in err.splitlines() if "[reasonrl] warning" in x]
-    assert warnings == [zero_reward_warning(1, 3, lines[3], 16, "auto", str(run))]
+    assert warnings == ["[reasonrl] warning: " + zero_reward_warning(1, 3, lines[3], 16, "auto", str(run))]
     assert "steps 1-3: every reward was 0 and the gradient norm 0: no sample was right" in warnings[0]
     assert f"reasonrl probe --config {run}/config.yaml" in warnings[0]
     assert "held-out eval" in err and "8/8 [" in err  # the held-out eval's bar (trainer.progress on)
     assert "after 4 steps" in out
+
+
+def test_a_run_in_json_mode_writes_objects_and_in_quiet_mode_its_warnings_alone(tmp_path, capsys,
+                                                                                monkeypatch):
+    """trainer.console=json: every [reasonrl] line of a run is one JSON object (the run directory
+    with its field; the zero-reward warning on stderr); quiet: no information line, the warning
+    as text writes it. The mode is the run's alone: REASONRL_CONSOLE is as it was after."""
+    monkeypatch.delenv("REASONRL_CONSOLE", raising=False)
+    assert train(tmp_path, "trainer.steps=3", "trainer.progress=false", "trainer.console=json") == 0
+    out, err = capsys.readouterr()
+    run = tmp_path / "smoke"
+    said = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert "[reasonrl]" not in out and "[reasonrl]" not in err
+    assert {"level": "info", "message": f"run directory: {run}", "fields": {"run_dir": str(run)}} in said
+    wrote = f"wrote {run}/ (config.yaml, metrics.jsonl, samples.jsonl, checkpoints/step_3/huggingface)"
+    assert said[-1] == {"level": "info", "message": wrote, "fields": {"run_dir": str(run), "step": 3}}
+    warned = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert [w["level"] for w in warned] == ["warning"]
+    assert warned[0]["message"].startswith("steps 1-3: every reward")
+    assert "REASONRL_CONSOLE" not in __import__("os").environ
+    assert train(tmp_path, "trainer.steps=3", "trainer.progress=false", "trainer.console=quiet",
+                 "--overwrite") == 0
+    out, err = capsys.readouterr()
+    assert "[reasonrl]" not in out
+    assert [x for x in err.splitlines() if x.startswith("[reasonrl]")] == [
+        f"[reasonrl] --overwrite: deleted the run that was in {run} (finished: step 3 of 3)",
+        "[reasonrl] warning: " + warned[0]["message"]]
 
 
 def test_the_zero_reward_watch_warns_once_after_three_steps_in_a_row():
@@ -213,7 +240,7 @@ def test_the_zero_reward_warning_puts_the_likely_cause_first():
     step = {"rollout/truncated_frac": 0.75, "train/grad_norm": 0.0}
     cut = zero_reward_warning(3, 5, step, 256, "gsm8k", "runs/x")
     assert cut == (
-        "[reasonrl] warning: steps 3-5: every reward was 0 and the gradient norm 0: no sample was right, "
+        "steps 3-5: every reward was 0 and the gradient norm 0: no sample was right, "
         "so the policy has no reward to learn from (a group's advantages are all 0). Likely: "
         "rollout.max_new_tokens=256 cuts the completions off before their answer (75% of step 5's hit it); "
         "or the task is too hard for this model (SFT first, or easier data); or the completions do not give "
