@@ -1,9 +1,11 @@
 """End to end: configs/judge.yaml trains with the judge's verdict beside `correct` (the tiny random
-judge in its own worker process), and in ray placement with the judge in a Ray actor, where a
-judge that hangs is killed and replaced as in a worker process."""
+judge: the judge role, in a process of its own), and in ray placement with the judge role in a Ray
+actor, where a judge that hangs is killed and replaced as its process is in local placement."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -11,9 +13,9 @@ import pytest
 from helpers import keep_torch_threads  # noqa: F401  (autouse: the runs set torch's threads)
 
 from reasonrl.config import load_config
-from reasonrl.config.schema import RewardModelConfig
-from reasonrl.rewards import model_reward
-from reasonrl.rewards.pool import Call
+from reasonrl.placement import build_workers, roles
+from reasonrl.policy.reward_model import RewardModelWorker
+from reasonrl.rewards import score
 from reasonrl.train.trainer import train
 
 REPO = Path(__file__).parents[2]
@@ -29,13 +31,6 @@ def judge_run(out: Path, name: str, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_hosts():
-    model_reward.close_hosts()
-    yield
-    model_reward.close_hosts()
-
-
 def test_the_judge_config_trains_with_the_verdict_in_the_reward(tmp_path):
     """Two steps: every step logs reward/judge (a probability, not a constant), no failure, and
     reward/mean = reward/correct + 0.5 reward/judge (float32 sums: 1e-6)."""
@@ -49,26 +44,35 @@ def test_the_judge_config_trains_with_the_verdict_in_the_reward(tmp_path):
 
 
 def test_ray_placement_runs_the_judge_in_an_actor(ray_session, tmp_path):
-    """placement.mode=ray with reward.model.placement=ray: the same run's judge scores from a Ray
-    actor equal the worker process's (rel 1e-5: the same model and rows; the actor's thread
-    count rounds its sums otherwise). Then a judge that hangs in the actor is killed at its
-    deadline (the call times out) and the next call starts a fresh actor and scores."""
+    """placement.mode=ray: the same run's judge scores from the judge role's Ray actor equal its
+    process's in local placement (rel 1e-5: the same model and rows; the actor's thread count
+    rounds its sums otherwise). Then a judge that hangs in the actor is killed at its deadline
+    (the call times out) and the next call starts a fresh actor and scores."""
     local = judge_run(tmp_path, "local")
-    remote = judge_run(tmp_path, "ray", "placement.mode=ray", "reward.model.placement=ray")
+    remote = judge_run(tmp_path, "ray", "placement.mode=ray")
     for a, b in zip(local, remote, strict=True):
         assert ("reward/judge" in a) == ("reward/judge" in b)
         if "reward/judge" in a:
             assert b["reward/judge"] == pytest.approx(a["reward/judge"], rel=1e-5)
             assert b["reward/correct"] == a["reward/correct"] and b["reward/errors"] == 0
 
-    spec = model_reward.spec_of("judge", RewardModelConfig(placement="ray", load_timeout=120.0))
-    host = model_reward.REWARD_MODEL_HOSTS.get("ray")(spec)
     scripted = str(REPO / "tests" / "fixtures" / "scripted_judge.py") + ":judge"
-    batch = {"ground_truths": ["5"], "groups": [0], "extra_infos": [{}]}
-    calls = [Call(scripted, "", "", options={"prompts": ["What is 2 + 3?"], "spec": spec},
-                  batch={"completions": [text], **batch}, warmup={"spec": spec}) for text in ("HANG", "5")]
+    row = dataclasses.replace(roles.role("judge"), build=functools.partial(RewardModelWorker.from_config,
+                                                                          target=scripted))
+    rows = tuple(row if r.name == "judge" else r for r in roles.ROLES)
+    cfg = load_config(REPO / "configs" / "judge.yaml", ["placement.mode=ray", "reward.model.timeout=1",
+                                                        "reward.model.batch_size=1",
+                                                        "reward.model.path=tiny"])
+    original, roles.ROLES = roles.ROLES, rows
     try:
-        hung, scored = host.run(calls, timeout=1.0)
+        workers = build_workers(cfg, roles=("judge",))
     finally:
-        host.close()
-    assert hung.timed_out and scored.error is None and scored.value == [0.75]
+        roles.ROLES = original
+    try:
+        result = score(["HANG", "5"], ["5", "5"], {"judge": 1.0}, prompts=["What is 2 + 3?"] * 2,
+                       model=cfg.reward.model, judge=workers.judge)
+        killed = workers.judge.killed
+    finally:
+        workers.close()
+    assert result.timed_out == [True, False] and result.components["judge"].tolist() == [0.0, 0.75]
+    assert killed == 1

@@ -8,6 +8,7 @@ at the end); every run stops its own actors.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -387,7 +388,7 @@ def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_sess
     import reasonrl.placement
     from reasonrl.errors import PlacementError
 
-    def rollout_without_close(cfg):  # a local function: Ray ships it to the actor by value
+    def rollout_without_close(cfg, host):  # a local function: Ray ships it to the actor by value
         class NoClose:
             def encode(self, example):
                 return [1]
@@ -406,7 +407,9 @@ def test_a_worker_lacking_a_declared_method_fails_when_its_actor_starts(ray_sess
 
         return NoClose()
 
-    monkeypatch.setattr(reasonrl.placement.actors, "_build_rollout", rollout_without_close)
+    rows = tuple(dataclasses.replace(r, build=rollout_without_close) if r.name == "rollout" else r
+                 for r in reasonrl.placement.roles.ROLES)
+    monkeypatch.setattr(reasonrl.placement.roles, "ROLES", rows)
     with pytest.raises(PlacementError,
                        match=r"ray: the rollout worker has no close \(reasonrl.worker_protocols"):
         reasonrl.placement.build_workers(smoke_cfg(tmp_path, "r", "placement.mode=ray"))
@@ -432,8 +435,8 @@ def test_lora_in_ray_mode_matches_local_and_checkpoints_through_the_actor(ray_se
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["placement.rollout.replicas=3", "placement.policy.ranks=2"],
-     r"ray: the workers ask for 5 CPU in all \(placement.rollout.replicas=3 x "
-     r"placement.rollout.num_cpus=1 \+ placement.policy.ranks=2 x placement.policy.num_cpus=1\); "
+     r"ray: the workers ask for 5 CPU in all \(placement.policy.ranks=2 x placement.policy.num_cpus=1 \+ "
+     r"placement.rollout.replicas=3 x placement.rollout.num_cpus=1\); "
      r"the Ray cluster has 4 CPU and 0 GPU in all"),
     (["rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2", "placement.rollout.num_gpus=2"],
      r"ask for 2 GPU in all \(placement.rollout.replicas=1 x placement.rollout.num_gpus=2\); the Ray cluster "
@@ -459,14 +462,14 @@ def test_rollout_replicas_split_merge_sync_and_name_the_one_that_fails(ray_sessi
 
     from reasonrl.batch import Example
     from reasonrl.errors import PlacementError
-    from reasonrl.placement import build_workers, load_model, make_rollout
-    from reasonrl.rollout import SamplingParams
+    from reasonrl.placement import Host, build_workers
+    from reasonrl.rollout import RolloutWorker, SamplingParams
 
     cfg = smoke_cfg(tmp_path, "r", "placement.mode=ray", "placement.rollout.replicas=2",
                     "placement.sync_bucket_mb=0.05")
     workers = build_workers(cfg)
     try:
-        local = make_rollout(cfg, *load_model(cfg))  # the tiny model from the same seed, here
+        local = RolloutWorker.from_config(cfg, Host())  # the tiny model from the same seed, here
         examples = [Example(prompt=f"What is {i} + 1?", ground_truth=str(i + 1)) for i in range(5)]
         params = SamplingParams(n=2, max_new_tokens=6)
         torch.manual_seed(4)

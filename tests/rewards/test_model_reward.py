@@ -1,12 +1,13 @@
 """Rewards from models (reward.model: the `judge` and `classifier` components): the verdict
 probability and the number parse by hand, a hand-built classifier and judge scored through the
-real reward-model worker, batches equal to one row at a time, and a judge that returns garbage,
-raises or hangs: counted, timed out, never a crash."""
+judge role's worker in its own process, batches equal to one row at a time, and a judge that
+returns garbage, raises or hangs: counted, timed out, never a crash."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.config.schema import RewardModelConfig
 from reasonrl.errors import ConfigError, ModelLoadError
-from reasonrl.policy.reward_model import load_reward_model
-from reasonrl.rewards import check_examples, model_reward, score, score_examples
+from reasonrl.placement import build_workers, roles
+from reasonrl.policy.reward_model import RewardModelWorker, load_reward_model
+from reasonrl.rewards import model_reward, score, score_examples
 from reasonrl.rewards.judging import (
     chat_of,
     classifier_scores,
@@ -40,16 +42,25 @@ COMPLETIONS = ["The answer is 5.", "8", "It is 3, since ten minus seven is three
 TRUTHS = ["5", "8", "3", "12", "2", "0"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_hosts():
-    """Each test starts and ends with no reward-model host (their worker processes stopped)."""
-    model_reward.close_hosts()
-    yield
-    model_reward.close_hosts()
-
-
 def spec(**values) -> RewardModelConfig:
     return dataclasses.replace(RewardModelConfig(), **values)
+
+
+@pytest.fixture
+def judge_of():
+    """judge_of(reward.model, kind): the judge role's worker for that reward.model, built as a run
+    builds it (`build_workers`: its own process); every one built is closed after the test."""
+    built = []
+
+    def make(model_cfg: RewardModelConfig, kind: str = "judge"):
+        cfg = load_config("configs/smoke.yaml", [f"reward.weights={{correct: 1.0, {kind}: 1.0}}"])
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, model=model_cfg))
+        built.append(build_workers(cfg, roles=("judge",)))
+        return built[-1].judge
+
+    yield make
+    for workers in built:
+        workers.close()
 
 
 # ---- the formulas, by hand ----------------------------------------------------------------------
@@ -116,7 +127,7 @@ def rms(x: list[float], eps: float) -> float:
     return math.sqrt(sum(v * v for v in x) / len(x) + eps)
 
 
-def test_a_hand_built_classifier_scores_as_computed_by_hand(tokenizer, tmp_path):
+def test_a_hand_built_classifier_scores_as_computed_by_hand(tokenizer, tmp_path, judge_of):
     """A one-label classifier whose score is w . RMSNorm(E[last token]): rows ending in token a
     (E = 3 e0) score 3 / rms, token b (E = -2 e0 + e1) (-2 + 0.5) / rms, any other token 0; the
     worker reads prompt + completion (no chat template: joined by a blank line), one batch of 3."""
@@ -140,13 +151,13 @@ def test_a_hand_built_classifier_scores_as_computed_by_hand(tokenizer, tmp_path)
     plain.save_pretrained(tmp_path / "rm")
     eps = config.rms_norm_eps
     expected = [3.0 / rms(a, eps), (-2.0 + 0.5) / rms(b, eps), 0.0]
+    rm = spec(path=str(tmp_path / "rm"), batch_size=3)
     scores, failures, timed_out = model_reward.score_with_model(
-        "classifier", spec(path=str(tmp_path / "rm"), batch_size=3), [PROMPTS[0]] * 3, completions, ["5"] * 3,
-        [0, 1, 2])
+        "classifier", rm, judge_of(rm, "classifier"), [PROMPTS[0]] * 3, completions, ["5"] * 3, [0, 1, 2])
     assert scores == pytest.approx(expected, rel=1e-5) and failures == [None] * 3 and timed_out == [False] * 3
 
 
-def test_a_hand_built_judge_gives_its_verdict_probability(tokenizer, tmp_path):
+def test_a_hand_built_judge_gives_its_verdict_probability(tokenizer, tmp_path, judge_of):
     """A causal LM whose next-token logits after any judge text are l(Yes) = 2 s, l(No) = -1 s,
     every other token 0, with s = 1 / rms(e0): P = (e^(2s) + e^0) / (e^(2s) + 1 + e^(-s) + 1),
     " Yes" and " No" (logit 0) counted with their verdicts; combined with `correct` by weights."""
@@ -164,14 +175,15 @@ def test_a_hand_built_judge_gives_its_verdict_probability(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "judge")
     s = 1.0 / rms([1.0] + [0.0] * 31, config.rms_norm_eps)
     p = (math.exp(2 * s) + 1) / (math.exp(2 * s) + 1 + math.exp(-s) + 1)
+    judge = spec(path=str(tmp_path / "judge"))
     result = score(COMPLETIONS[:3], TRUTHS[:3], {"correct": 1.0, "judge": 0.5}, prompts=PROMPTS[:3],
-                   model=spec(path=str(tmp_path / "judge")))
+                   model=judge, judge=judge_of(judge))
     assert result.components["judge"].tolist() == pytest.approx([p] * 3, rel=1e-5)
     assert result.total.tolist() == pytest.approx([1 + 0.5 * p] * 3, rel=1e-5)
     assert result.errors == 0 and list(result.components) == ["correct", "judge"]
 
 
-def test_batches_score_as_one_row_at_a_time(tiny, tmp_path):
+def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, judge_of):
     """Left-padded judge batches and right-padded classifier batches of rows of different lengths
     give each row's score alone, in this process and through the worker (float rounding of
     matrix products of other shapes: 1e-5)."""
@@ -184,25 +196,28 @@ def test_batches_score_as_one_row_at_a_time(tiny, tmp_path):
     assert batched == pytest.approx(alone["judge"], abs=1e-5)
     assert len({round(v, 6) for v in batched}) == 6  # six rows, six scores: the padding is not what is read
     # the tiny classifier as the worker builds it (reward.model.path=tiny)
-    rm, _ = load_reward_model(model_reward.spec_of("classifier", spec(path="tiny")))
+    tiny_spec = {"kind": "classifier", **dataclasses.asdict(spec(path="tiny")), "device": "cpu"}
+    rm, _ = load_reward_model(tiny_spec)
     texts = [classifier_text(tokenizer, p, c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     alone["classifier"] = [classifier_scores(rm, tokenizer, [t], 1)[0] for t in texts]
     batched = classifier_scores(rm, tokenizer, texts, batch_size=6)
     assert batched == pytest.approx(alone["classifier"], abs=1e-5)
     assert len({round(v, 6) for v in batched}) == 6
     for kind in ("judge", "classifier"):  # the worker's batches of 6 against the rows scored alone here
-        six = model_reward.score_with_model(kind, spec(path="tiny", batch_size=6), PROMPTS, COMPLETIONS,
+        six_cfg = spec(path="tiny", batch_size=6)
+        six = model_reward.score_with_model(kind, six_cfg, judge_of(six_cfg, kind), PROMPTS, COMPLETIONS,
                                             TRUTHS, list(range(6)))[0]
         assert six == pytest.approx(alone[kind], abs=1e-5) and len(set(six)) == 6, kind
 
 
 # ---- failures: garbage, raise, hang --------------------------------------------------------------
 
-def test_a_judge_whose_answers_are_garbage_is_counted_not_fatal():
+def test_a_judge_whose_answers_are_garbage_is_counted_not_fatal(judge_of):
     """The tiny random judge asked for a number answers none: every row scores 0, each counted in
     `errors` with the judge's text; `correct` is unaffected."""
+    number = spec(path="tiny", parse="number", max_new_tokens=4)
     result = score(COMPLETIONS[:4], TRUTHS[:4], {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS[:4],
-                   model=spec(path="tiny", parse="number", max_new_tokens=4))
+                   model=number, judge=judge_of(number))
     assert result.components["judge"].tolist() == [0.0] * 4
     assert result.total.tolist() == [1.0, 1.0, 1.0, 0.0] and result.errors == 4 and result.timeouts == 0
     assert all(f.startswith("the judge (reward.model.path=tiny): ValueError: no number in the judge's answer")
@@ -211,19 +226,22 @@ def test_a_judge_whose_answers_are_garbage_is_counted_not_fatal():
 
 @pytest.fixture
 def scripted(monkeypatch, tmp_path):
-    """reward.model's worker runs tests/fixtures/scripted_judge.py:judge; returns the log of
-    the completions of each call it got."""
+    """The judge role's worker scores with tests/fixtures/scripted_judge.py:judge (its table row's
+    build given that target); returns the log of the completions of each call it got."""
     log = tmp_path / "calls.log"
     log.touch()
     monkeypatch.setenv("SCRIPTED_JUDGE_LOG", str(log))
-    monkeypatch.setattr(model_reward, "_target", lambda kind: SCRIPTED)
+    row = dataclasses.replace(roles.role("judge"), build=functools.partial(RewardModelWorker.from_config,
+                                                                          target=SCRIPTED))
+    monkeypatch.setattr(roles, "ROLES", tuple(row if r.name == "judge" else r for r in roles.ROLES))
     return lambda: [line.split("|") for line in log.read_text().splitlines()]
 
 
-def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted):
+def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted, judge_of):
     completions = ["5", "RAISE 8", "x", "GARBAGE 12", "2", "0"]
-    result = score(completions, TRUTHS, {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS,
-                   model=spec(path="scripted", batch_size=2))
+    cfg = spec(path="scripted", batch_size=2)
+    result = score(completions, TRUTHS, {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS, model=cfg,
+                   judge=judge_of(cfg))
     # batches [0, 1] (raises: both rows fail), [2, 3] (row 3 unreadable), [4, 5]
     assert result.components["judge"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.75, 0.75]
     assert result.components["correct"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
@@ -236,23 +254,25 @@ def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted):
     assert len(scripted()) == 3
 
 
-def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted):
+def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted, judge_of):
     """The hung batch (SIGALRM blocked: only the kill at 1.2 x 1 + 0.5 s ends it) times out on
-    its rows; the next batch goes to a fresh worker and scores."""
+    its rows; the next batch goes to a fresh worker process and scores."""
     cfg = spec(path="scripted", batch_size=1, timeout=1.0)
-    result = score(["5", "HANG", "2"], ["5", "8", "2"], {"judge": 1.0}, prompts=PROMPTS[:3], model=cfg)
+    judge = judge_of(cfg)
+    result = score(["5", "HANG", "2"], ["5", "8", "2"], {"judge": 1.0}, prompts=PROMPTS[:3], model=cfg,
+                   judge=judge)
     assert result.components["judge"].tolist() == [0.75, 0.0, 0.75]
     assert result.timeouts == 1 and result.errors == 0 and result.timed_out == [False, True, False]
     assert result.failures[1] == ("the judge (reward.model.path=scripted): timed out (reward.model.timeout: "
                                   "1 s per batch of 1)")
-    host = model_reward.host_for(model_reward.spec_of("judge", cfg))
-    assert host.killed == 1 and [c[0] for c in scripted()] == ["5", "HANG", "2"]
+    assert judge.killed == 1 and [c[0] for c in scripted()] == ["5", "HANG", "2"]
 
 
-def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted):
+def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted, judge_of):
     completions = ["<think>a</think><answer>5</answer>", "5", "<think>b</think><answer>7</answer>"]
+    cfg = spec(path="scripted")
     result = score(completions, ["5", "5", "7"], {"format": 0.0, "judge": 1.0}, gate=["format"],
-                   prompts=PROMPTS[:3], model=spec(path="scripted"))
+                   prompts=PROMPTS[:3], model=cfg, judge=judge_of(cfg))
     assert result.components["judge"].tolist() == [0.75, 0.0, 0.75] and result.errors == 0
     assert scripted() == [[completions[0], completions[2]]]
 
@@ -260,22 +280,28 @@ def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted):
 # ---- start-up: loading and the config ------------------------------------------------------------
 
 def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path):
+    """The judge role's model loads when the role is built (with the run's workers): one that
+    cannot stops the run there."""
     examples = [Example("What is 2 + 3?", "5", "arithmetic")]
     cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
                                              f"reward.model.path={tmp_path}/none"])
     with pytest.raises(ModelLoadError, match=rf"^reward.model.path={tmp_path}/none: no such folder"):
-        check_examples(examples, cfg.reward)
+        build_workers(cfg, roles=("judge",))
     model, tokenizer = tiny
     copy.deepcopy(model).save_pretrained(tmp_path / "lm")  # a causal LM, no classification head
     tokenizer.save_pretrained(tmp_path / "lm")
     cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, classifier: 0.5}",
                                              f"reward.model.path={tmp_path}/lm"])
     with pytest.raises(ModelLoadError, match="no trained classification head"):
-        check_examples(examples, cfg.reward)
+        build_workers(cfg, roles=("judge",))
     ok = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
                                             "reward.model.path=tiny"])
-    check_examples(examples, ok.reward)  # loads the tiny judge in its worker
-    assert score_examples(["5"], examples, ok.reward).components["judge"].numel() == 1
+    workers = build_workers(ok, roles=("judge",))  # loads the tiny judge in its process
+    try:
+        scored = score_examples(["5"], examples, ok.reward, judge=workers.judge)
+        assert scored.components["judge"].numel() == 1
+    finally:
+        workers.close()
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -289,12 +315,14 @@ def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path):
     (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.verdicts=[Yes, No]"],
      "reward.model.verdicts[0]: expected a string, got True"),  # YAML reads unquoted Yes / No as booleans
     (["reward.model.path=tiny"], "reward.model.path: set, but reward.weights names neither"),
+    # reward.model's own placement is gone: the judge is a role (placement.judge, placement.mode)
     (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.placement=ray"],
-     "reward.model.placement=ray: a Ray actor needs placement.mode=ray"),
+     "reward.model.placement was removed: set placement.mode"),
     (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.num_gpus=1"],
-     "reward.model.num_cpus / num_gpus"),
-    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.placement=actor"],
-     "reward.model.placement"),
+     "reward.model.num_gpus was removed: set placement.judge.num_gpus"),
+    (["reward.weights={correct: 1.0, judge: 1.0}", "reward.model.device=cpu"],
+     "reward.model.device was removed: set placement.device"),
+    (["placement.judge.num_cpus=2"], "placement.judge.num_cpus: set, but reward.weights names neither"),
 ])
 def test_bad_reward_model_settings_fail_at_load(overrides, message):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,56 @@
+"""The role table: a new frozen-model role is one row, one worker class and one protocol (a
+process reward model stub, tests/fixtures/prm_stub.py), built, placed in a process of its own,
+called through its protocol and closed with the run's other workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from reasonrl.config import load_config
+from reasonrl.placement import build_workers, roles
+from reasonrl.worker_protocols import missing_methods
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+from prm_stub import PRMStub, PRMWorkerAPI  # noqa: E402
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def prm_role(monkeypatch):
+    """The whole cost of the new role: this row (its protocol, count, placement section and
+    from_config; isolated: its own process, a deadline per call)."""
+    row = roles.Role("prm", PRMWorkerAPI, PRMStub.from_config, lambda cfg: 1, section="judge", isolated=True,
+                     load_timeout=lambda cfg: 120.0, call_timeout=lambda cfg: 30.0)
+    monkeypatch.setattr(roles, "ROLES", (*roles.ROLES, row))
+    return row
+
+
+def test_a_new_frozen_role_is_one_row_of_the_table(prm_role, tmp_path):
+    cfg = load_config(REPO / "configs" / "smoke.yaml", ["model.path=tiny", "rollout.max_new_tokens=4",
+                                                       f"trainer.output_dir={tmp_path}"])
+    workers = build_workers(cfg, roles=("prm",))
+    try:
+        prm = workers.prm
+        assert missing_methods(prm, PRMWorkerAPI) == []
+        assert prm.step_scores(["ab\nc", "abcd"]) == [[0.5, 0.25], [1.0]]
+        assert prm.pid() != os.getpid()  # isolated: a process of its own
+        assert workers.policy is None and workers.judge is None  # roles not asked for
+    finally:
+        workers.close()
+    assert prm.proc is None  # closed with the others
+
+
+def test_every_role_says_how_it_is_built_and_placed():
+    """Every row's protocol is declared, its section exists in `placement`, and its builder is
+    the worker module's own (placement builds nothing itself)."""
+    cfg = load_config(None, [])
+    for role in roles.ROLES:
+        assert dataclasses.is_dataclass(role.placement(cfg)), role.name
+        assert not role.build.__module__.startswith("reasonrl.placement"), role.name
+        assert role.isolated == (role.load_timeout is not None and role.call_timeout is not None), role.name
