@@ -123,7 +123,8 @@ def activations(args) -> None:
     from reasonrl.accel import release_free_memory
     from reasonrl.batch import TrainBatch
     from reasonrl.config import load_config
-    from reasonrl.placement import load_model, make_policy
+    from reasonrl.placement import Host
+    from reasonrl.policy.worker import policy_from_config
 
     torch.set_num_threads(os.cpu_count() or 1)
     peaks = {}
@@ -131,8 +132,7 @@ def activations(args) -> None:
         cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "default.yaml",
                           [f"model.path={args.model}", f"optim.micro_batch_size={rows}",
                            "optim.lean_kernels=false", f"model.lora.rank={args.lora}"])
-        model, tokenizer = load_model(cfg)
-        policy = make_policy(cfg, model, tokenizer)
+        policy = policy_from_config(cfg, Host(device="cpu"))
         gen = torch.Generator().manual_seed(0)
         batch = TrainBatch(torch.randint(100, 40000, (rows, args.prompt), generator=gen).tolist(),
                            torch.randint(100, 40000, (rows, args.completion), generator=gen).tolist(),

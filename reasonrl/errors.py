@@ -105,3 +105,13 @@ class TrainingInterrupted(Exception):
             where = (f"checkpoint {checkpoint}; resume with: "
                      f"reasonrl train --resume {run_dir}")
         super().__init__(f"stopped by {signal_name} after step {step}: {where}")
+
+
+class WorkerTimeout(RuntimeError):
+    """A call to an isolated worker (a judge in its own process or actor) ran past its deadline:
+    the worker was killed (or interrupted), and the next call goes to a fresh one."""
+
+
+class WorkerCallError(RuntimeError):
+    """A call to an isolated worker raised there (or the worker died); the message is what it
+    raised, as one line ("RuntimeError: ...")."""

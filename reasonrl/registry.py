@@ -101,11 +101,8 @@ DATA_TASKS = Registry("data.task", "reasonrl.data.tasks", "reasonrl.envs.verifie
 DATA_FORMATS = Registry("data.format", "reasonrl.data.formats")
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
     "numeric", "gsm8k", "math_equiv", "countdown", "piecewise", "reasoning_gym", "verifiers_taskset")))
-# `judge` and `classifier` are scored by reward.model in its own worker (reasonrl.policy.reward_model)
+# `judge` and `classifier` are scored by reward.model, the judge role (reasonrl.policy.reward_model)
 REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components", "reasonrl.policy.reward_model")
-# where reward.model runs: a worker process (rewards/model_reward.py) or a Ray actor (placement/model_host.py)
-REWARD_MODEL_HOSTS = Registry("reward.model.placement", "reasonrl.rewards.model_reward",
-                              "reasonrl.placement.model_host")
 COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdown")
 PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")
 MATH_SCORING = Registry("reward.math_rule", "reasonrl.rewards.math_equiv", "reasonrl.rewards.math_rules")

@@ -1,8 +1,9 @@
 """The worker APIs the trainer (and the evaluation) call, declared.
 
 `PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks), `RolloutWorker`
-(reasonrl.rollout.worker), `CriticWorker` (reasonrl.policy.critic) and `TeacherWorker`
-(reasonrl.policy.teacher) implement them as plain objects. `reasonrl.placement` hands the
+(reasonrl.rollout.worker), `CriticWorker` (reasonrl.policy.critic), `TeacherWorker`
+(reasonrl.policy.teacher) and `RewardModelWorker` (reasonrl.policy.reward_model) implement them
+as plain objects; `reasonrl.placement.roles` names the role of each. `reasonrl.placement` hands the
 trainer either those objects (local mode) or Ray proxies built from these protocols, method
 by method (ray mode): a method missing from a worker fails when its actor starts, not when
 the trainer first calls it.
@@ -108,6 +109,17 @@ class TeacherWorkerAPI(Protocol):
 
     def weights_checksum(self) -> float:
         """The teacher's weights' checksum: the same all run long."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class JudgeWorkerAPI(Protocol):
+    """A reward model or judge (reward.weights' `judge` / `classifier`: reward.model): frozen,
+    it scores one batch of rows per call, in a process of its own (each call has a deadline)."""
+
+    def score(self, prompts: list, completions: list[str], ground_truths: list[str]) -> list[float | str]:
+        """One score per row: a number, or a string saying why the row has none."""
         ...
 
     def close(self) -> None: ...

@@ -224,7 +224,8 @@ def run(cfg: Config, settings: EvalSettings, data: str | None = None,
             seed_everything(cfg.trainer.seed)
             load_s = time.perf_counter() - t
             check_prompt_lengths(workers.rollout, examples, cfg.data.max_prompt_tokens)  # all of them, now
-            evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc)
+            evaluation = evaluate(workers.rollout, workers.policy, examples, settings, cfg.reward, desc=desc,
+                                  judge=workers.judge)
         finally:
             workers.close()
     times = {"load_s": load_s, **evaluation.times, "wall_s": time.perf_counter() - t_start}

@@ -59,15 +59,36 @@ def reward_records(args: argparse.Namespace) -> list[tuple[str, dict]]:
 
 def reward_command(args: argparse.Namespace) -> int:
     """Score completions with the trainer's own reward code and print JSON lines."""
+    from reasonrl.placement import build_workers
+
+    overrides = [f"reward.{k}={v}" for k, v in (("task", args.task), ("fn", args.fn),
+                                                ("timeout", args.timeout)) if v is not None]
+    full = load_config(args.config, overrides)
+    cfg = full.reward
+    # a judge or classifier in reward.weights: the judge role, built as a run builds it (alone)
+    workers = build_workers(full, roles=("judge",))
+    try:
+        rows = _score_records(args, cfg, workers.judge)
+    finally:
+        workers.close()
+    if args.file:
+        n = len(rows)
+        print(json.dumps({"summary": {
+            "records": n, "score_mean": sum(r["score"] for r in rows) / max(n, 1),
+            "solved": sum(r["components"]["correct"] >= 1.0 for r in rows),
+            "timeouts": sum(r["timeout"] for r in rows),
+            "errors": sum(r["error"] is not None for r in rows)}}), flush=True)
+    return 0
+
+
+def _score_records(args: argparse.Namespace, cfg, judge) -> list[dict]:
+    """Each record scored and printed as one JSON line (see `reward_command`)."""
     import dataclasses
 
     from reasonrl.batch import Example
     from reasonrl.rewards import score_examples, verifier_for
     from reasonrl.rewards.failures import describe_verifier
 
-    overrides = [f"reward.{k}={v}" for k, v in (("task", args.task), ("fn", args.fn),
-                                                ("timeout", args.timeout)) if v is not None]
-    cfg = load_config(args.config, overrides).reward
     rows = []
     for where, record in reward_records(args):
         task = record.get("task") or cfg.task
@@ -78,7 +99,8 @@ def reward_command(args: argparse.Namespace) -> int:
         example = Example(prompt=record.get("prompt", ""), ground_truth=str(record["ground_truth"]),
                           data_source=str(record.get("data_source") or "numeric"),
                           meta={**record.get("extra_info", {}), "origin": where})
-        result = score_examples([str(record["completion"])], [example], row_cfg, always_correct=True)
+        result = score_examples([str(record["completion"])], [example], row_cfg, always_correct=True,
+                                judge=judge)
         verifier = verifier_for(example.data_source, row_cfg)
         failure = None if result.timed_out[0] else result.failures[0]  # printed without the function
         row = {"task": verifier.task, "score": result.total[0].item(),
@@ -87,11 +109,4 @@ def reward_command(args: argparse.Namespace) -> int:
                "error": failure and failure.removeprefix(f"{describe_verifier(verifier)}: ")}
         print(json.dumps({"where": where, **row} if args.file else row), flush=True)
         rows.append(row)
-    if args.file:
-        n = len(rows)
-        print(json.dumps({"summary": {
-            "records": n, "score_mean": sum(r["score"] for r in rows) / max(n, 1),
-            "solved": sum(r["components"]["correct"] >= 1.0 for r in rows),
-            "timeouts": sum(r["timeout"] for r in rows),
-            "errors": sum(r["error"] is not None for r in rows)}}), flush=True)
-    return 0
+    return rows

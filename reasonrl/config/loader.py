@@ -235,9 +235,21 @@ def _model_dtype(value: Any) -> str | None:
             "bf16 compute)")
 
 
+def _judge_placement(key: str, default: Any) -> Any:
+    """What replaces a key of reward.model's own placement: the judge is a role like every other
+    (placement.judge), placed by the run's placement.mode. None for the old default."""
+    instead = {"placement": "placement.mode (the judge runs where the run's workers do: a process of its "
+                            "own in local placement, an actor with placement.judge's resources in ray)",
+               "num_cpus": "placement.judge.num_cpus", "num_gpus": "placement.judge.num_gpus",
+               "device": "placement.device (local placement: the judge's process uses it)"}[key]
+    return lambda value: None if value == default else f"was removed: set {instead}"
+
+
 # keys that are gone: old -> the sentence saying what to set instead, from the old value (None:
 # the old value is the new default, and the key is dropped)
-REPLACED = {"algo.tis_cap": _tis_cap, "model.dtype": _model_dtype}
+REPLACED = {"algo.tis_cap": _tis_cap, "model.dtype": _model_dtype,
+            **{f"reward.model.{key}": _judge_placement(key, default) for key, default in
+               (("placement", "process"), ("num_cpus", 1.0), ("num_gpus", 0.0), ("device", "auto"))}}
 
 
 def _build(cls: type, data: dict, path: str = "") -> Any:

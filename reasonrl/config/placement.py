@@ -57,3 +57,6 @@ class PlacementConfig:
     rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
     critic: PolicyPlacement = field(default_factory=PolicyPlacement)  # algo.advantage=gae
     teacher: WorkerPlacement = field(default_factory=WorkerPlacement)  # teacher.path (its own actor)
+    # reward.weights' judge / classifier (reward.model): local, a process of its own on placement.device;
+    # ray, an actor of its own with these resources
+    judge: WorkerPlacement = field(default_factory=WorkerPlacement)

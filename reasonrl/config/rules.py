@@ -179,12 +179,14 @@ def reward_fn_rules(rw: RewardConfig) -> None:
 
 def reward_model_rules(cfg: Config) -> None:
     """reward.model: set only when reward.weights names the one component it scores (`judge` or
-    `classifier`); a template with known fields; two distinct verdicts; Ray resources in ray."""
+    `classifier`); a template with known fields; two distinct verdicts."""
     rw, m, default = cfg.reward, cfg.reward.model, RewardModelConfig()
     models = [k for k in rw.weights if k in REWARD_COMPONENTS and REWARD_COMPONENTS[k].info.get("model")]
     if not models:
         changed = [f"reward.model.{f.name}" for f in dataclasses.fields(m)
                    if getattr(m, f.name) != getattr(default, f.name)]
+        changed += [f"placement.judge.{k}" for k, v in dataclasses.asdict(cfg.placement.judge).items()
+                    if v != getattr(WorkerPlacement(), k)]
         need(not changed, f"{', '.join(changed)}: set, but reward.weights names neither `judge` nor "
              "`classifier`, the components reward.model scores; add one (docs/judges.md), or remove them")
         return
@@ -199,14 +201,6 @@ def reward_model_rules(cfg: Config) -> None:
          "{completion} and {ground_truth}")
     need(len(m.verdicts) == 2 and all(v.strip() for v in m.verdicts) and m.verdicts[0] != m.verdicts[1],
          f"reward.model.verdicts: two different words are needed, for yes and for no, got {m.verdicts}")
-    need(m.placement != "ray" or cfg.placement.mode == "ray",
-         "reward.model.placement=ray: a Ray actor needs placement.mode=ray; use "
-         "reward.model.placement=process")
-    need(m.placement == "ray" or (m.num_cpus, m.num_gpus) == (default.num_cpus, default.num_gpus),
-         "reward.model.num_cpus / num_gpus: the Ray actor's resources, only with reward.model.placement=ray")
-    need(m.placement == "process" or m.device == "auto",
-         "reward.model.device: only with reward.model.placement=process (a Ray actor's is its num_gpus)")
-    check_device(m.device)
 
 
 def algo_rules(cfg: Config) -> None:

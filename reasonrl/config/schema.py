@@ -35,7 +35,6 @@ from reasonrl.registry import (
     POLICY_LOSSES,
     RATIO_LEVELS,
     REWARD_COMPONENTS,
-    REWARD_MODEL_HOSTS,
     TOOLS,
     VALUE_LOSSES,
     VERIFIERS,
@@ -238,12 +237,8 @@ class RewardModelConfig:
     timeout: float = param(120.0, gt=0)  # seconds per batch; a batch past it scores 0 and is counted
     load_timeout: float = param(600.0, gt=0)  # seconds to load the model in its worker
     precision: Literal["fp32", "bf16"] = "fp32"  # it only scores: bf16 where the run computes in bf16
-    device: str = "auto"  # process: auto = cuda when torch sees a GPU, else cpu (ray: its num_gpus)
-    # where it runs (REWARD_MODEL_HOSTS): process = a reward-model worker process beside this one;
-    # ray = a Ray actor with num_cpus / num_gpus (placement.mode=ray)
-    placement: str = param("process", choices=REWARD_MODEL_HOSTS)
-    num_cpus: float = param(1.0, ge=0)
-    num_gpus: float = param(0.0, ge=0)
+    # where it runs is the judge role's: placement.judge (a process of its own in local placement, on
+    # placement.device; a Ray actor with placement.judge's resources in ray placement)
 
 
 @dataclass
@@ -425,14 +420,14 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = param(0, ge=0)  # 0 = only before and after training
     save_every: int = param(0, ge=0)  # 0 = only at the end
-    # the [reasonrl] console lines: text, quiet (warnings alone) or json (one object per line);
-    # "" = $REASONRL_CONSOLE, else text (reasonrl/console.py)
-    console: Literal["", "text", "quiet", "json"] = ""
     log_samples: int = param(4, ge=0)  # completions written to samples.jsonl per step
     output_dir: str = "runs"
     run_name: str = ""  # "" = a timestamp
     threads: int = param(0, ge=0)  # torch intra-op threads; 0 = one per core
     progress: bool = True
+    # the [reasonrl] console lines: text, quiet (warnings alone) or json (one object per line);
+    # "" = $REASONRL_CONSOLE, else text (reasonrl/console.py)
+    console: Literal["", "text", "quiet", "json"] = ""
     # "" = a new run; "auto" = continue output_dir/run_name from its newest checkpoint if it
     # has one (else start it); a run or checkpoint folder = continue from there
     resume: str = ""

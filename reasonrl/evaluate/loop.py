@@ -109,13 +109,15 @@ class Evaluation:
 
 
 def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[Example],
-             settings: EvalSettings, reward_cfg, desc: str = "eval", leave: bool = True) -> Evaluation:
+             settings: EvalSettings, reward_cfg, desc: str = "eval", leave: bool = True,
+             judge=None) -> Evaluation:
     """The evaluation of reasonrl, used by the trainer's held-out eval and by `reasonrl eval`
     and `probe` alike, so that the two can never disagree: `settings.n` samples per prompt
     (or the record's own, `record_plan`) through the rollout worker (`settings.batch_size`
     sequences per call, prompts with the same n together), scored with the training reward
     code, answers extracted by the task's rule, and (with `settings.entropy`) the policy's
-    per-token entropy over the generated tokens. Results are in the order of `examples`.
+    per-token entropy over the generated tokens (`judge`: the judge role's worker, when
+    reward.weights names one). Results are in the order of `examples`.
 
     With `settings.progress`, the console's bar (`tracking.progress_bar`, titled `desc`; `leave`
     False: erased when done) counts samples done of the total, says which batch is at which
@@ -151,7 +153,7 @@ def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[
                 t = time.perf_counter()
                 scores = score_examples(rollouts.texts, rollouts.examples, reward_cfg, always_correct=True,
                                         groups=rollouts.group.tolist(),
-                                        completion_ids=rollouts.completion_ids)
+                                        completion_ids=rollouts.completion_ids, judge=judge)
                 times["reward_s"] += time.perf_counter() - t
                 entropies = None
                 if settings.entropy:

@@ -2,9 +2,12 @@
 imports `ray`. `build_workers(cfg)` returns the workers the trainer calls, wherever they run,
 and the weight sync between them. One module per job:
 
+- `roles`: the role table (each role's protocol, count, `placement.<role>` section, how it is
+  built: a `from_config` in the worker's own module), which every builder loops over;
 - `preflight`: what the config asks of this machine (extras, GPUs, the model's context),
   checked before any model loads;
-- `local`: the factories of every worker, and placement.mode=local (plain objects here);
+- `local`: placement.mode=local (the workers in this process; an isolated role, the judge, in
+  a process of its own: `isolated`), and `Workers`, what every mode returns;
 - `actors`: placement.mode=ray (the workers inside Ray actors, capacity and start-up checks);
 - `proxies`: the trainer's side of ray mode (the declared worker APIs as remote calls);
 - `sync`: weight sync, `WeightSync.push(version)` over a transport (in-process copy, or
@@ -15,22 +18,12 @@ and the weight sync between them. One module per job:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from reasonrl import console
-from reasonrl.config import Config, resolve_device
-from reasonrl.placement.actors import build_ray_workers
-from reasonrl.placement.local import (
-    Workers,
-    build_local_workers,
-    critic_lm,
-    load_model,
-    make_critic,
-    make_policy,
-    make_rollout,
-    make_teacher,
-    rollout_process_worker,
-    value_model,
-)
+from reasonrl.config import Config
+from reasonrl.placement.actors import build_ray_workers, ray_policy_device
+from reasonrl.placement.local import Workers, build_here, build_local_workers, local_device
 from reasonrl.placement.preflight import (
     DEFAULT_POSITIONS,
     TINY_POSITIONS,
@@ -39,6 +32,7 @@ from reasonrl.placement.preflight import (
     preflight,
 )
 from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout, RemoteTeacher
+from reasonrl.placement.roles import ROLES, Host, Role
 from reasonrl.placement.sync import (
     InProcessCopy,
     SharedMemory,
@@ -52,13 +46,23 @@ from reasonrl.policy.precision import resolve
 from reasonrl.registry import ENGINES
 from reasonrl.weights import probe_ids
 
-__all__ = ["DEFAULT_POSITIONS", "TINY_POSITIONS", "InProcessCopy", "RemoteCritic",
-           "RemotePolicy", "RemoteRollout", "RemoteTeacher", "SharedMemory", "StreamedBuckets", "WeightSync",
-           "Workers", "build_workers", "check_model_context", "critic_lm", "load_model", "make_critic",
-           "make_policy", "make_rollout", "make_teacher", "model_positions", "preflight", "receive",
-           "rollout_process_worker",
-           "precision_decision", "share_weights", "snapshot_sync", "unshare_weights", "value_model",
+__all__ = ["DEFAULT_POSITIONS", "MODES", "ROLES", "TINY_POSITIONS", "Host", "InProcessCopy", "RemoteCritic",
+           "RemotePolicy", "RemoteRollout", "RemoteTeacher", "Role", "SharedMemory", "StreamedBuckets",
+           "WeightSync", "Workers", "build_here", "build_workers", "check_model_context", "model_positions",
+           "precision_decision", "preflight", "receive", "share_weights", "snapshot_sync", "unshare_weights",
            "with_precision"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """A placement.mode: how it builds the workers (every role of the table, or those named) and
+    the device the policy computes on (for the precision decision)."""
+
+    build: Callable[..., Workers]
+    policy_device: Callable[[Config], str]
+
+
+MODES = {"local": Mode(build_local_workers, local_device), "ray": Mode(build_ray_workers, ray_policy_device)}
 
 
 def precision_decision(cfg: Config) -> tuple[str, str | None]:
@@ -66,8 +70,7 @@ def precision_decision(cfg: Config) -> tuple[str, str | None]:
     `reasonrl.policy.precision.resolve` at the policy's device and a micro-batch's positions.
     The only place a config's `auto` is resolved: a run's automatic choices
     (`reasonrl.train.choices`) and `with_precision` both ask it."""
-    policy_gpus = cfg.placement.mode == "ray" and cfg.placement.policy.num_gpus > 0
-    device = "cuda" if policy_gpus else str(resolve_device(cfg.placement.device))
+    device = str(MODES[cfg.placement.mode].policy_device(cfg))
     rows = cfg.optim.micro_batch_size * (cfg.rollout.max_new_tokens + cfg.data.max_prompt_tokens // 4)
     tokens = max(64, min(2048, rows))  # a micro-batch's positions, about
     return resolve(cfg.model.precision, cfg.model.path, cfg.model.revision, tokens, device)
@@ -86,15 +89,15 @@ def with_precision(cfg: Config) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 
-def build_workers(cfg: Config) -> Workers:
-    """The run's workers, in this process (placement.mode=local) or in Ray actors (ray)."""
-    cfg = with_precision(cfg)
-    check_model_context(cfg)  # again: `reasonrl probe`'s --max-new-tokens reaches only this config
-    if cfg.placement.mode == "ray":
-        return build_ray_workers(cfg)
-    if cfg.placement.mode != "local":
-        raise ValueError(f"placement.mode: unknown mode {cfg.placement.mode!r}; allowed: local, ray")
-    return build_local_workers(cfg)
+def build_workers(cfg: Config, roles: tuple[str, ...] | None = None) -> Workers:
+    """The run's workers, every role of the table the config turns on (`roles`: only those, as
+    `reasonrl reward` builds its judge), in this process (placement.mode=local) or in Ray actors
+    (ray). Some roles alone (a judge) are built as they are: the policy's precision and context
+    are the whole run's business."""
+    if roles is None:
+        cfg = with_precision(cfg)
+        check_model_context(cfg)  # again: `reasonrl probe`'s --max-new-tokens reaches only this config
+    return MODES[cfg.placement.mode].build(cfg, roles)
 
 
 def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:
@@ -103,7 +106,4 @@ def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:
     rollout replicas through Ray's object store (ray: the streamed buckets of `workers.sync`).
     Snapshots carry the probe's log-probs when the engine may check a push by them."""
     probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
-    probe = probe_ids(workers.tokenizer) if probes else None
-    if cfg.placement.mode == "ray":
-        return WeightSync(workers.policy, workers.rollout, workers.sync.transport, probe)
-    return WeightSync(workers.policy, None, SharedMemory(workers.policy), probe)
+    return workers.split(probe_ids(workers.tokenizer) if probes else None)

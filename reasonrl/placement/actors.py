@@ -18,6 +18,7 @@ Ray is imported inside the functions that call it: this module loads without the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 import tempfile
@@ -29,119 +30,22 @@ import torch
 
 from reasonrl import console
 from reasonrl.config import Config
-from reasonrl.data import system_prompt_for
-from reasonrl.envs import environment_spec
-from reasonrl.errors import PlacementError
-from reasonrl.placement.local import (
-    Workers,
-    critic_lm,
-    load_model,
-    make_critic,
-    make_policy,
-    make_rollout,
-    make_teacher,
-    value_model,
-)
-from reasonrl.placement.proxies import (
-    ActorGroup,
-    RemoteCritic,
-    RemotePolicy,
-    RemoteRollout,
-    RemoteTeacher,
-    for_transport,
-    resources_of,
-    stop_actors,
-)
+from reasonrl.errors import ModelLoadError, PlacementError, WorkerCallError, WorkerTimeout
+from reasonrl.placement import roles as table
+from reasonrl.placement.isolated import hard_deadline
+from reasonrl.placement.local import Workers
+from reasonrl.placement.proxies import ActorGroup, for_transport, resources_of, stop_actors
+from reasonrl.placement.roles import Host, Role
 from reasonrl.placement.sync import StreamedBuckets, WeightSync
-from reasonrl.policy.critic import CriticWorker
-from reasonrl.policy.model import TINY, load_tokenizer
-from reasonrl.policy.teacher import TeacherWorker
-from reasonrl.policy.worker import PolicySettings, PolicyWorker
-from reasonrl.registry import ENGINES, needs_critic
-from reasonrl.rng import seed_everything
-from reasonrl.rollout import RolloutWorker
-from reasonrl.worker_protocols import (
-    CriticWorkerAPI,
-    PolicyWorkerAPI,
-    RolloutWorkerAPI,
-    TeacherWorkerAPI,
-    missing_methods,
-)
+from reasonrl.registry import ENGINES
+from reasonrl.worker_protocols import api_methods, missing_methods
 
-# what every actor process gets in its environment (besides REASONRL_HOME and REASONRL_CONSOLE when set here)
+# what every actor process gets in its environment (besides REASONRL_HOME when set here)
 ACTOR_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
-# The policy's weights leave its actor as zero-copy tensors (the receiver maps the object
-# store's memory read-only and copies them into its model). Only the policy gets it: the
-# rollout actor's `Rollouts` must arrive here as ordinary, writable tensors.
-POLICY_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 
 
 def _device(num_gpus: float) -> str:
     return "cuda" if num_gpus > 0 else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU
-
-
-def _build_rollout(cfg: Config) -> RolloutWorker:
-    """In the rollout actor: its own model and engine, then the run's seed, so that sampling
-    draws the same random numbers as the colocated engine of local mode."""
-    model, tokenizer = load_model(cfg, _device(cfg.placement.rollout.num_gpus))
-    worker = make_rollout(cfg, model, tokenizer)
-    seed_everything(cfg.trainer.seed)
-    return worker
-
-
-def _build_critic(cfg: Config) -> CriticWorker:
-    device = _device(cfg.placement.critic.num_gpus)
-    model, tokenizer = load_model(cfg, device)
-    return make_critic(cfg, critic_lm(cfg, model, device), tokenizer)
-
-
-def _build_critic_rank(cfg: Config, rank: int, world: int, init_method: str, backend: str):
-    """In a critic rank's actor: join the critic's own process group, build and shard."""
-    from reasonrl.policy import parallel, sharding
-
-    sharding.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
-    model, tokenizer = load_model(cfg)
-    lm = critic_lm(cfg, model, "cpu")
-    device = torch.device(_device(cfg.placement.critic.num_gpus))
-    sharded = sharding.shard_value_model(value_model(cfg, lm), device,
-                                         sharding.ShardOptions.of(cfg.placement.critic, cfg.model.precision))
-    return parallel.RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, rank, world,
-                                     device=device)
-
-
-def _build_teacher(cfg: Config) -> TeacherWorker:
-    """In the teacher's actor: its own model (teacher.path), never synced."""
-    return make_teacher(cfg, _device(cfg.placement.teacher.num_gpus))
-
-
-def _build_policy(cfg: Config) -> PolicyWorker:
-    model, tokenizer = load_model(cfg, _device(cfg.placement.policy.num_gpus))
-    return make_policy(cfg, model, tokenizer)
-
-
-def _build_policy_rank(cfg: Config, rank: int, world: int, init_method: str, backend: str):
-    """In a policy rank's actor: join the process group, load the model (with LoRA: wrapped by
-    the same adapter as every other rank's and local mode's, A drawn from `trainer.seed`) and
-    shard it. The reference model is a sharded copy, or with LoRA the sharded model itself
-    run with the adapter switched off."""
-    from reasonrl.policy import parallel, sharding
-    from reasonrl.policy.lora import AdapterDisabled, apply_lora, reference_model
-
-    sharding.init_process_group(backend, init_method, rank, world, cfg.placement.call_timeout)
-    model, tokenizer = load_model(cfg)
-    settings, lo = PolicySettings.from_config(cfg), cfg.model.lora
-    wants_ref = cfg.algo.beta > 0 or cfg.algo.log_kl
-    ref = reference_model(model) if wants_ref and lo.rank == 0 else None  # LoRA: AdapterDisabled below
-    if lo.rank > 0:
-        model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
-    device = torch.device(_device(cfg.placement.policy.num_gpus))
-    options = sharding.ShardOptions.of(cfg.placement.policy, cfg.model.precision)
-    root = sharding.shard_model(model, device, options)
-    if ref is not None:
-        ref = sharding.shard_model(ref, device, options)
-    elif wants_ref:
-        ref = AdapterDisabled(root, adapters=model)
-    return parallel.RankPolicyWorker(root, tokenizer.pad_token_id, settings, rank, world, ref, device=device)
 
 
 class WorkerHost:
@@ -167,7 +71,8 @@ class WorkerHost:
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def build(self, builder, api: type, *args) -> list[str]:
-        """Build the worker; returns the methods of `api` it lacks (none, or start-up fails)."""
+        """Build the worker (its role's `from_config(cfg, host)`); returns the methods of `api`
+        it lacks (none, or start-up fails)."""
         self.worker = builder(*args)
         return missing_methods(self.worker, api)
 
@@ -255,27 +160,21 @@ def check_api(actors: list[tuple[str, Any, Any]], missing: list[list[str]]) -> N
         raise PlacementError("ray: " + "; ".join(lacking) + " (reasonrl.worker_protocols declares them)")
 
 
-def check_capacity(cfg: Config, critics: int, teachers: int = 0) -> None:
+def check_capacity(cfg: Config, roles: list[tuple[Role, int]]) -> None:
     """PlacementError, before any actor starts, when the workers ask for more CPUs or GPUs than
     the Ray cluster has in all, or a rollout replica for more GPUs than any one machine has
     (an actor Ray cannot place would wait for placement.start_timeout): names the keys and
     the resources that exist. Custom resources are left to the start timeout."""
     import ray
 
-    p = cfg.placement
-    groups = [("placement.rollout.replicas", p.rollout.replicas, "rollout", p.rollout),
-              ("placement.policy.ranks", p.policy.ranks, "policy", p.policy)]
-    if critics:
-        groups.append(("placement.critic.ranks", critics, "critic", p.critic))
-    if teachers:
-        groups.append(("teachers", teachers, "teacher", p.teacher))
+    groups = [(role.count_key, n, role.section or role.name, role.placement(cfg)) for role, n in roles]
     total = ray.cluster_resources()
     have = f"{total.get('CPU', 0):g} CPU and {total.get('GPU', 0):g} GPU"
     for resource, attr in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        asked = sum(count * getattr(role, attr) for _, count, _, role in groups)
+        asked = sum(count * getattr(section, attr) for _, count, _, section in groups)
         if asked > total.get(resource, 0) + 1e-9:
-            parts = " + ".join(f"{key}={count} x placement.{name}.{attr}={getattr(role, attr):g}"
-                               for key, count, name, role in groups if getattr(role, attr))
+            parts = " + ".join(f"{key}={count} x placement.{name}.{attr}={getattr(section, attr):g}"
+                               for key, count, name, section in groups if getattr(section, attr))
             raise PlacementError(f"ray: the workers ask for {asked:g} {resource} in all ({parts}); the Ray "
                                  f"cluster has {have} in all. Lower placement.rollout.replicas, the ranks or "
                                  f"the workers' {attr}, or add machines (or placement.num_cpus for a Ray "
@@ -287,87 +186,176 @@ def check_capacity(cfg: Config, critics: int, teachers: int = 0) -> None:
                              f"have {sorted(per_node, reverse=True)} GPUs")
 
 
-def build_ray_workers(cfg: Config) -> Workers:
-    """Actors for the rollout replicas, the policy ranks, the critic's and the teacher (see the
-    module docstring); the proxies over them, and the streamed weight sync with its plan (which
-    never reaches the teacher)."""
+def _absolute_paths(cfg: Config, roles: list[tuple[Role, int]]) -> Config:
+    """`cfg` with the roles' model paths that are folders here made absolute: actors may run
+    elsewhere, in another working directory."""
+    for role, _ in roles:
+        for key in role.paths:
+            section, name = key.rsplit(".", 1)
+            parent = cfg
+            for part in section.split("."):
+                parent = getattr(parent, part)
+            path = getattr(parent, name)
+            if path and Path(path).exists():
+                cfg = _replace_key(cfg, key, str(Path(path).resolve()))
+    return cfg
+
+
+def _replace_key(obj, key: str, value):
+    head, _, rest = key.partition(".")
+    new = value if not rest else _replace_key(getattr(obj, head), rest, value)
+    return dataclasses.replace(obj, **{head: new})
+
+
+def _actor_name(role: Role, n: int, i: int) -> str:
+    return role.name if n == 1 else f"{role.name} {role.unit} {i}"
+
+
+def _backend(cfg: Config, section) -> str:
     p = cfg.placement
-    if cfg.model.path not in ("", TINY) and Path(cfg.model.path).exists():  # actors may run elsewhere
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-            cfg.model, path=str(Path(cfg.model.path).resolve())))
-    if cfg.critic.path and Path(cfg.critic.path).exists():
-        cfg = dataclasses.replace(cfg, critic=dataclasses.replace(
-            cfg.critic, path=str(Path(cfg.critic.path).resolve())))
-    if cfg.teacher.path and Path(cfg.teacher.path).exists():
-        cfg = dataclasses.replace(cfg, teacher=dataclasses.replace(
-            cfg.teacher, path=str(Path(cfg.teacher.path).resolve())))
+    return p.backend if p.backend != "auto" else ("nccl" if section.num_gpus > 0 else "gloo")
+
+
+class IsolatedActor:
+    """An isolated role's worker (the judge) in a Ray actor of its own with the resources of
+    `placement.<role>`: each call within the role's deadline; past `hard_deadline` the actor is
+    killed (the call raises `WorkerTimeout`) and the next call starts a fresh one, which builds
+    the worker again within the role's load timeout. The same interface as `ProcessWorker`."""
+
+    def __init__(self, role: Role, cfg: Config, env: dict[str, str]):
+        self.role, self.cfg, self.env = role, cfg, env
+        self.actor, self.killed = None, 0
+        self._methods = set(api_methods(role.api)) - {"close"}
+        self._start()
+
+    def __getattr__(self, method: str):
+        if method.startswith("_") or method not in self.__dict__.get("_methods", ()):
+            raise AttributeError(method)
+        return functools.partial(self.call, method)
+
+    def _start(self) -> None:
+        import ray
+
+        role, cfg = self.role, self.cfg
+        section = role.placement(cfg)
+        self.actor = _start(section, cfg, self.env)
+        ref = self.actor.build.remote(role.build, role.api, cfg, Host(device=_device(section.num_gpus)))
+        timeout = role.load_timeout(cfg)
+        ready, _ = ray.wait([ref], timeout=timeout)
+        if not ready:
+            self.close()
+            raise PlacementError(f"ray: the {role.name} worker was not built within {timeout:g} s (it asks "
+                                 f"Ray for {resources_of(section)})")
+        try:
+            missing = ray.get(ref)
+        except ray.exceptions.RayTaskError as err:
+            self.close()
+            cause = getattr(err, "cause", None)
+            raise cause if isinstance(cause, ModelLoadError) else ModelLoadError(
+                f"the {role.name} worker failed to build: {cause or err}") from None
+        if missing:
+            self.close()
+            raise PlacementError(f"ray: the {role.name} worker has no {', '.join(missing)} "
+                                 "(reasonrl.worker_protocols declares them)")
+
+    def call(self, method: str, *args, **kwargs):
+        import ray
+
+        if self.actor is None:
+            self._start()
+        timeout = self.role.call_timeout(self.cfg)
+        ref = self.actor.call.remote(method, args, kwargs)
+        ready, _ = ray.wait([ref], timeout=hard_deadline(timeout))
+        if not ready:
+            self.close()
+            self.killed += 1
+            raise WorkerTimeout(f"the {self.role.name} worker did not answer {method}() within {timeout:g} s")
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None) or err
+            raise WorkerCallError(f"{type(cause).__name__}: {cause}"[:2000]) from None
+        except ray.exceptions.RayError as err:
+            self.close()
+            raise WorkerCallError(f"the {self.role.name} actor failed: {err}"[:2000]) from None
+
+    def close(self) -> None:
+        if self.actor is not None:
+            stop_actors([self.actor])
+            self.actor = None
+
+
+def build_ray_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Workers:
+    """Actors for every role of the run (`names`: only those; see the module docstring): each
+    with its `placement.<role>` resources, a role of several ranks joined in its own process
+    group; the proxies over them, an isolated role's actor behind an `IsolatedActor`, and the
+    streamed weight sync with its plan (which never reaches a frozen model)."""
+    p = cfg.placement
+    roles = table.active(cfg, names)
+    cfg = _absolute_paths(cfg, roles)
     _connect(p)
     env = dict(ACTOR_ENV)
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
     env.update(console.inherited_env())  # the actors' [reasonrl] lines in this run's console mode
-    world, replicas = p.policy.ranks, p.rollout.replicas
-    critics = p.critic.ranks if needs_critic(cfg.algo.advantage) else 0
-    teachers = 1 if cfg.teacher.path else 0
-    check_capacity(cfg, critics, teachers)
-    names = ["rollout" if replicas == 1 else f"rollout replica {i}" for i in range(replicas)]
-    names += [f"policy rank {r}" if world > 1 else "policy" for r in range(world)]
-    names += [f"critic rank {r}" if critics > 1 else "critic" for r in range(critics)]
-    names += ["teacher"] * teachers
-    roles = [p.rollout] * replicas + [p.policy] * world + [p.critic] * critics + [p.teacher] * teachers
-    envs = [env] * replicas + [{**env, **POLICY_ENV}] * world + [env] * (critics + teachers)
-    actors = [(name, _start(role, cfg, e), role) for name, role, e in zip(names, roles, envs, strict=True)]
-    # 1. every actor running (scheduled on a machine with its resources); rank 0 of the policy
-    # (and of the critic) offers its group's rendezvous
+    check_capacity(cfg, roles)
+    grouped = [(role, n) for role, n in roles if not role.isolated]
+    actors = [(_actor_name(role, n, i), _start(role.placement(cfg), cfg, {**env, **role.env}),
+               role.placement(cfg)) for role, n in grouped for i in range(n)]
+    # 1. every actor running (scheduled on a machine with its resources); rank 0 of a role of
+    # several ranks offers its group's rendezvous
     rendezvous = _await_start(actors, [a.rendezvous.remote() for _, a, _ in actors], "start", cfg)
-    init_method, critic_init = rendezvous[replicas], rendezvous[replicas + world] if critics else None
-    # 2. every worker built (models loaded; policy ranks joined their process group)
-    backend = p.backend if p.backend != "auto" else ("nccl" if p.policy.num_gpus > 0 else "gloo")
-    builds = [actor.build.remote(_build_rollout, RolloutWorkerAPI, cfg) for _, actor, _ in actors[:replicas]]
-    for rank, (_, actor, _) in enumerate(actors[replicas: replicas + world]):
-        if world == 1:
-            builds.append(actor.build.remote(_build_policy, PolicyWorkerAPI, cfg))
-        else:
-            builds.append(actor.build.remote(_build_policy_rank, PolicyWorkerAPI, cfg, rank, world,
-                                             init_method, backend))
-    critic_backend = p.backend if p.backend != "auto" else ("nccl" if p.critic.num_gpus > 0 else "gloo")
-    for rank, (_, actor, _) in enumerate(actors[replicas + world: replicas + world + critics]):
-        if critics == 1:
-            builds.append(actor.build.remote(_build_critic, CriticWorkerAPI, cfg))
-        else:
-            builds.append(actor.build.remote(_build_critic_rank, CriticWorkerAPI, cfg, rank, critics,
-                                             critic_init, critic_backend))
-    builds += [actor.build.remote(_build_teacher, TeacherWorkerAPI, cfg)
-               for _, actor, _ in actors[replicas + world + critics:]]
+    # 2. every worker built (models loaded; ranks joined their process group)
+    builds, first = [], 0
+    for role, n in grouped:
+        section = role.placement(cfg)
+        ranks = role.unit == "rank" and n > 1
+        for i in range(n):
+            host = Host(device=_device(section.num_gpus), rank=i if ranks else 0, world=n if ranks else 1,
+                        init_method=rendezvous[first] if ranks else None, backend=_backend(cfg, section))
+            builds.append(actors[first + i][1].build.remote(role.builder(host), role.api, cfg, host))
+        first += n
     missing = _await_start(actors, builds, "load its model", cfg)
     check_api(actors, missing)
 
-    tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision)
-    d = cfg.data
-    # the replicas' own rendering (an env.fn class's tools are in every prompt): the lengths checked here
-    encoder = RolloutWorker(None, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
-                            d.truncate_prompts, env=environment_spec(cfg.env))
     handles = [a for _, a, _ in actors]
-    spans = (("rollout", 0, replicas, "replica", p.rollout),
-             ("policy" if world == 1 else f"policy ({world} ranks)", replicas, world, "rank", p.policy),
-             ("critic" if critics == 1 else f"critic ({critics} ranks)", replicas + world, critics, "rank",
-              p.critic),
-             ("teacher", replicas + world + critics, teachers, "actor", p.teacher))
-    groups = [ActorGroup(name, handles[start: start + count], actor_names(name, count, unit),
-                         resources_of(role), p.call_timeout) for name, start, count, unit, role in spans]
-    rollout, policy = RemoteRollout(groups[0], encoder), RemotePolicy(groups[1])
-    critic = RemoteCritic(groups[2]) if critics else None
-    teacher = RemoteTeacher(groups[3]) if teachers else None
+    workers: dict[str, object] = {}
+    groups: dict[str, ActorGroup] = {}
+    first = 0
+    try:
+        for role, n in grouped:
+            label = role.name if n == 1 or role.unit != "rank" else f"{role.name} ({n} ranks)"
+            groups[role.name] = ActorGroup(label, handles[first: first + n],
+                                           actor_names(role.name, n, role.unit),
+                                           resources_of(role.placement(cfg)), p.call_timeout)
+            workers[role.name] = table.proxy_of(role, groups[role.name], cfg)
+            first += n
+        for role, _ in roles:  # an isolated role: its own actor, restarted past a call's deadline
+            if role.isolated:
+                workers[role.name] = IsolatedActor(role, cfg, env)
+    except BaseException:
+        Workers(workers, actors=handles).close()
+        raise
+    policy, rollout = workers.get("policy"), workers.get("rollout")
+    if policy is None or rollout is None:
+        return Workers(workers, actors=handles)
     try:  # what a sync sends never changes: planned once, here (no communication between ranks)
         plan = policy.sync_plan(int(p.sync_bucket_mb * 2**20))
     except BaseException:
-        stop_actors(handles)
+        Workers(workers, actors=handles).close()
         raise
-    sync = WeightSync(policy, rollout, StreamedBuckets(groups[1], groups[0], plan))
-    return Workers(policy=policy, rollout=rollout, tokenizer=tokenizer, sync=sync, critic=critic,
-                   teacher=teacher, actors=handles)
+    transport = StreamedBuckets(groups["policy"], groups["rollout"], plan)
+    return Workers(workers, tokenizer=rollout._encoder.tokenizer, sync=WeightSync(policy, rollout, transport),
+                   split=lambda probe: WeightSync(policy, rollout, transport, probe), actors=handles)
 
 
 def actor_names(name: str, count: int, unit: str) -> list[str]:
     """How errors name each of a worker's actors: "the rollout worker", "rollout replica 1 (of 2)"."""
     return [f"the {name} worker"] if count == 1 else [f"{name} {unit} {i} (of {count})" for i in range(count)]
+
+
+def ray_policy_device(cfg: Config) -> str:
+    """The device the policy's actors compute on: a GPU when placement.policy.num_gpus > 0."""
+    from reasonrl.config import resolve_device
+
+    return "cuda" if cfg.placement.policy.num_gpus > 0 else str(resolve_device(cfg.placement.device))

@@ -14,10 +14,9 @@ import torch
 from reasonrl.config import Config, check_context
 from reasonrl.envs import environment_spec
 from reasonrl.errors import ConfigError
+from reasonrl.placement.roles import active
 from reasonrl.policy.model import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
-from reasonrl.policy.teacher import check_tokenizers, teacher_source
-from reasonrl.policy.worker import policy_loss_fn
-from reasonrl.registry import ENGINES, ENVIRONMENTS, needs_critic
+from reasonrl.registry import ENGINES, ENVIRONMENTS
 from reasonrl.tracking import missing_extra
 
 
@@ -27,10 +26,10 @@ def preflight(cfg: Config) -> None:
     engine needs on this machine in local mode (its ENGINES entry's `machine_gpus`; ray mode:
     `check_capacity`, once Ray is up), the environment of multi-turn runs (env.fn's class, the
     python tool's sandbox, what a registered environment's `check_run` asks of the whole run: an
-    OpenEnv server's sessions), an out-of-tree policy loss (`algo.loss_fn`: loaded and its
-    signature checked here too, so a ray-mode run fails in one line rather than inside an
-    actor), that a teacher (teacher.path) has the student's tokenizer (`check_tokenizers`: the
-    tokenizers only), and that the longest sequence fits the model's context
+    OpenEnv server's sessions), each role's own check (its table row's `check`: the policy's
+    out-of-tree loss, `algo.loss_fn`, loaded and its signature checked here, so a ray-mode run
+    fails in one line rather than inside an actor; a teacher with the student's tokenizer, the
+    tokenizers only), and that the longest sequence fits each role's model's context
     (`check_model_context`: its config.json only)."""
     problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
@@ -49,9 +48,9 @@ def preflight(cfg: Config) -> None:
     run_check = ENVIRONMENTS[cfg.env.name].info.get("check_run") if cfg.env.name != "none" else None
     if run_check is not None:  # what the environment needs of the whole run (a server's sessions)
         run_check(cfg)
-    policy_loss_fn(cfg.algo)  # algo.loss_fn imported and its signature checked
-    if cfg.teacher.path:
-        check_tokenizers(cfg)  # a teacher reading other token ids: refused before any model loads
+    for role, _ in active(cfg):
+        if role.check is not None:
+            role.check(cfg)
     check_model_context(cfg)
 
 
@@ -98,14 +97,10 @@ def model_positions(path: str, revision: str = "") -> tuple[int, str] | None:
 
 def check_model_context(cfg: Config) -> None:
     """`check_context` (a ConfigError naming data.max_prompt_tokens, rollout.max_new_tokens and
-    the limit) for the policy's model and, with a critic, critic.path's, with a teacher
-    teacher.path's."""
-    models = [("the model", cfg.model.path, cfg.model.revision)]
-    if cfg.critic.path and needs_critic(cfg.algo.advantage):
-        models.append(("critic.path's model", cfg.critic.path, ""))
-    if cfg.teacher.path:
-        models.append(("teacher.path's model", teacher_source(cfg.teacher.path), cfg.teacher.revision))
-    for name, path, revision in models:
+    the limit) for each role's model that reads the policy's sequences (its table row's
+    `context`: the policy's, critic.path's, teacher.path's)."""
+    models = [role.context(cfg) for role, _ in active(cfg) if role.context is not None]
+    for name, path, revision in (m for m in models if m is not None):
         found = model_positions(path, revision)
         if found is not None:
             check_context(cfg, *found, model=name)

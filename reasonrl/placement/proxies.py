@@ -252,7 +252,22 @@ def _forward_api(cls: type, api: type) -> None:
             setattr(cls, method, _forward(method))
 
 
+_REMOTE: dict[type, type] = {}
+
+
+def remote_class(api: type) -> type:
+    """A `RemoteWorker` with exactly `api`'s methods, each one remote call: the proxy of a role
+    whose table row names no proxy of its own (a frozen model's)."""
+    if api not in _REMOTE:
+        cls = type(f"Remote{api.__name__.removesuffix('WorkerAPI').removesuffix('API')}", (RemoteWorker,),
+                   {"__doc__": f"`{api.__name__}` over its role's actors."})
+        _forward_api(cls, api)
+        _REMOTE[api] = cls
+    return _REMOTE[api]
+
+
 _forward_api(RemotePolicy, PolicyWorkerAPI)
 _forward_api(RemoteRollout, RolloutWorkerAPI)
 _forward_api(RemoteCritic, CriticWorkerAPI)
 _forward_api(RemoteTeacher, TeacherWorkerAPI)
+_REMOTE[TeacherWorkerAPI] = RemoteTeacher

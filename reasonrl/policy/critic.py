@@ -66,9 +66,31 @@ class ValueModel(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
+def value_model(cfg, lm) -> ValueModel:
+    """`lm` with a zero value head (and the policy's LoRA settings: adapters on the body, the
+    head trained in full)."""
+    lo = cfg.model.lora
+    if lo.rank > 0:
+        from reasonrl.policy.lora import apply_lora
+
+        lm = apply_lora(lm, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed + 1)
+    return ValueModel(lm)
+
+
 class CriticWorker:
     """Values for a batch, and the value-loss updates of one step (see the module docstring):
     the value model and its `Learner`."""
+
+    @classmethod
+    def from_config(cls, cfg, host) -> CriticWorker:
+        """The critic role in one process (algo.advantage=gae): `critic.path`'s model or a copy
+        of the policy's (`colocate.base_model`) with a value head (its data-parallel ranks:
+        `parallel.rank_critic`)."""
+        from reasonrl.policy.colocate import base_model
+
+        lm, tokenizer = base_model(cfg, host, "critic")
+        return cls(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim,
+                   precision=cfg.model.precision)
 
     def __init__(self, model: ValueModel, pad_id: int, critic: CriticConfig, optim: OptimConfig,
                  strategy=None, precision: str = "fp32"):

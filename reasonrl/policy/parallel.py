@@ -364,3 +364,49 @@ class RankCriticWorker(CriticWorker):
             if isinstance(param, DTensor):
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.copy_(full)
+
+
+def rank_policy(cfg, host) -> RankPolicyWorker:
+    """A policy rank (`placement.policy.ranks` > 1, `host`: its rank, world and rendezvous): join
+    the process group, load the model (with LoRA: wrapped by the same adapter as every other
+    rank's and one process's, A drawn from `trainer.seed`) and shard it onto `host.device`. The
+    reference model is a sharded copy, or with LoRA the sharded model itself run with the
+    adapter switched off."""
+    from reasonrl.policy import sharding
+    from reasonrl.policy.colocate import load_model
+
+    sharding.init_process_group(host.backend, host.init_method, host.rank, host.world,
+                                cfg.placement.call_timeout)
+    model, tokenizer = load_model(cfg)
+    settings, lo = PolicySettings.from_config(cfg), cfg.model.lora
+    wants_ref = cfg.algo.beta > 0 or cfg.algo.log_kl
+    ref = lora.reference_model(model) if wants_ref and lo.rank == 0 else None  # LoRA: AdapterDisabled below
+    if lo.rank > 0:
+        model = lora.apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules,
+                                seed=cfg.trainer.seed)
+    device = torch.device(host.device)
+    options = sharding.ShardOptions.of(cfg.placement.policy, cfg.model.precision)
+    root = sharding.shard_model(model, device, options)
+    if ref is not None:
+        ref = sharding.shard_model(ref, device, options)
+    elif wants_ref:
+        ref = lora.AdapterDisabled(root, adapters=model)
+    return RankPolicyWorker(root, tokenizer.pad_token_id, settings, host.rank, host.world, ref, device=device)
+
+
+def rank_critic(cfg, host) -> RankCriticWorker:
+    """A critic rank (`placement.critic.ranks` > 1): join the critic's own process group, build
+    the value model from the policy's (or critic.path's) model and shard it."""
+    from reasonrl.policy import sharding
+    from reasonrl.policy.colocate import critic_lm, load_model
+    from reasonrl.policy.critic import value_model
+
+    sharding.init_process_group(host.backend, host.init_method, host.rank, host.world,
+                                cfg.placement.call_timeout)
+    model, tokenizer = load_model(cfg)
+    lm = critic_lm(cfg, model, "cpu")
+    device = torch.device(host.device)
+    sharded = sharding.shard_value_model(value_model(cfg, lm), device,
+                                         sharding.ShardOptions.of(cfg.placement.critic, cfg.model.precision))
+    return RankCriticWorker(sharded, tokenizer.pad_token_id, cfg.critic, cfg.optim, host.rank, host.world,
+                            device=device)

@@ -1,16 +1,18 @@
-"""reward.model inside its worker: the model loaded once per worker (any model.path form), and the
-batch functions that score the `judge` and `classifier` components of reward.weights there.
+"""The judge role (reward.model): a frozen model with a batched no-grad forward, `score`, that
+scores the `judge` and `classifier` components of reward.weights, and the model it loads (any
+model.path form).
 
-These functions run in a reward-model worker process (`reasonrl.rewards.worker` started by
-`rewards.model_reward`, reward.model.placement=process) or a Ray actor (placement=ray), never in
-the trainer's process: the trainer waits for them with a deadline and kills a worker that hangs.
-They have the batch form of a reward function, called with the rows of one batch:
+`RewardModelWorker` is a worker like the teacher: built by its `from_config` wherever its role is
+placed (`placement.judge`: a process of its own in local placement, a Ray actor in ray
+placement), never in the trainer's process, so the trainer can wait for it with a deadline and
+kill and replace one that hangs (`reasonrl.placement`). Its scoring function has the batch form of
+a reward function, called with the rows of one batch:
 
     fn(completions, ground_truths, groups, extra_infos, *, prompts, spec) -> one score per row
 
-`spec` is reward.model as a dict (`rewards.model_reward.spec_of`), `prompts` the examples'
-prompts. A row's score is a float, or a string saying why it has none (`rewards.judging`).
-`warmup(spec)` loads the model when the worker loads the function, outside any call's timeout.
+`spec` is reward.model as a dict with the kind and the device, `prompts` the examples' prompts.
+A row's score is a float, or a string saying why it has none (`rewards.judging`). The function's
+`warmup(spec)` loads the model when the worker is built, outside any call's timeout.
 
 Loading: the path forms of model.path (`policy.model.resolve_model_dir`: the embedded
 SmolLM2-135M-Instruct for "", a folder, a `checkpoints/step_N` folder, a Hub id through the
@@ -22,6 +24,7 @@ or two labels. Precision `bf16` loads the weights in bf16 (the model only scores
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -134,3 +137,42 @@ def classifier(completions: list[str], ground_truths: list[str], groups: list[in
 
 judge.warmup = warmup  # type: ignore[attr-defined]
 classifier.warmup = warmup  # type: ignore[attr-defined]
+
+
+def judge_kind(cfg) -> str | None:
+    """The component of reward.weights a judge role scores (`judge` or `classifier`), or None."""
+    return next((k for k in cfg.reward.weights if k in REWARD_COMPONENTS
+                 and REWARD_COMPONENTS[k].info.get("model", False)), None)
+
+
+class RewardModelWorker:
+    """The judge role: reward.model loaded once, and `score`, one batch of rows through its
+    scoring function (see the module docstring)."""
+
+    def __init__(self, spec: dict, target: str | None = None):
+        from reasonrl.rewards.verifiers import load_target
+
+        self.spec = spec
+        fn = REWARD_COMPONENTS.get(spec["kind"])
+        self.fn = load_target(target) if target else fn
+        warm = getattr(self.fn, "warmup", None)
+        if warm is not None:
+            warm(spec)  # the model loaded now, within the role's load timeout
+
+    @classmethod
+    def from_config(cls, cfg, host, target: str | None = None) -> RewardModelWorker:
+        """reward.model for the component reward.weights names, on `host.device`; `target`
+        ("module:function" or "file.py:function"): a scoring function of that batch form in
+        place of the component's own (a test's scripted judge)."""
+        spec = {"kind": judge_kind(cfg), **dataclasses.asdict(cfg.reward.model), "device": str(host.device)}
+        return cls(spec, target)
+
+    @torch.no_grad()
+    def score(self, prompts: list, completions: list[str], ground_truths: list[str]) -> list[RowScore]:
+        """One score per row (a float, or a string saying why the row has none)."""
+        n = len(completions)
+        return list(self.fn(completions, ground_truths, list(range(n)), [{} for _ in range(n)],
+                            prompts=prompts, spec=self.spec))
+
+    def close(self) -> None:
+        """Nothing to free beyond the process's own memory."""

@@ -61,6 +61,13 @@ class TeacherSettings:
 class TeacherWorker:
     """The teacher model and the one forward the trainer asks of it (see the module docstring)."""
 
+    @classmethod
+    def from_config(cls, cfg: Config, host) -> TeacherWorker:
+        """The teacher role (teacher.path): its model on `host.device`, scoring in the run's
+        compute precision; nothing trains it or syncs to it."""
+        model, tokenizer = teacher_model(cfg, host.device)
+        return cls(model, tokenizer.pad_token_id, TeacherSettings.from_config(cfg))
+
     def __init__(self, model, pad_id: int, settings: TeacherSettings):
         cast_for_compute(model, settings.precision)
         model.requires_grad_(False)

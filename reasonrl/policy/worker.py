@@ -303,3 +303,18 @@ class PolicyWorker:
             return
         copy_weights(self.model, tensors, "checkpoint weights")
         self.learner.weights_loaded(tensors)
+
+
+def policy_from_config(cfg, host) -> PolicyWorker:
+    """The policy role in one process: `model.path`'s model (`colocate.base_model`: shared with
+    the colocated rollout engine), wrapped in a LoRA adapter when `model.lora.rank` > 0 (its
+    data-parallel ranks: `parallel.rank_policy`)."""
+    from reasonrl.policy.colocate import base_model
+
+    model, tokenizer = base_model(cfg, host, "policy")
+    lo = cfg.model.lora
+    if lo.rank > 0:
+        from reasonrl.policy.lora import apply_lora
+
+        model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
+    return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))

@@ -236,7 +236,7 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
           extra_infos: list[dict] | None = None, groups: list[int] | None = None,
           gate: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
           prompts: list | None = None, model=None, functions: dict[str, Verifier] | None = None,
-          completion_ids: list | None = None, data_sources: list[str] | None = None) -> Scores:
+          completion_ids: list | None = None, data_sources: list[str] | None = None, judge=None) -> Scores:
     """total[i] = sum_k weights[k] * component_k(completions[i], ground_truths[i])
                   * prod_{g in gate} [component_g(completions[i], ground_truths[i]) > 0].
 
@@ -252,8 +252,8 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
     counted in `timeouts`; `failures[i]` names the verifier of a row that failed and why. A bad
     ground truth raises `BadGroundTruth` (a GroundTruthError): that is a data bug. Sums are
     taken in Python floats; the tensors have `dtype`. `judge` and `classifier` are reward.model
-    (`model`, a RewardModelConfig) reading `prompts[i]` and the completion in its own worker
-    (`model_reward.score_with_model`), after the other components: a row that another gate
+    (`model`, a RewardModelConfig) reading `prompts[i]` and the completion in the judge role's
+    worker (`judge`; `model_reward.score_with_model`), after the other components: a row that another gate
     component already zeroes is not sent to it (it scores 0 there, not counted as a failure).
 
     A TRL-style function that returns None for row i does not apply to it (TRL's rule, its
@@ -330,8 +330,8 @@ def score(completions: list[str], ground_truths: list[str], weights: dict[str, f
         components[name] = scores
     for name in [k for k in weights if is_model_component(k)]:
         passed = [i for i in range(n) if all(components[g][i] > 0 for g in gate if g in components)]
-        scores, why, late = score_with_model(name, model, prompts or [""] * n, completions, ground_truths,
-                                             passed)
+        scores, why, late = score_with_model(name, model, judge, prompts or [""] * n, completions,
+                                             ground_truths, passed)
         for i, s in enumerate(scores):
             total[i] += weights[name] * s
             if why[i] is not None:
@@ -365,14 +365,15 @@ def gate_of(cfg) -> tuple[str, ...]:
 
 def score_examples(completions: list[str], examples: list, cfg, always_correct: bool = False,
                    groups: list[int] | None = None, dtype: torch.dtype = torch.float64,
-                   completion_ids: list[list[int]] | None = None) -> Scores:
+                   completion_ids: list[list[int]] | None = None, judge=None) -> Scores:
     """`score` for completions of `examples` (batch.Example) under a RewardConfig `cfg`.
 
     Each example's verifier comes from reward.batch_fn / reward.fn / reward.task / its
     data_source, and its `meta` is the verifier's `extra_info`; `groups[i]` is completion i's
     prompt index (`reward.batch_fn`); reward.fns are components of their names. The examples'
     prompts and data sources, and `completion_ids` (a TRL function's; None: not known), go to
-    the functions whose style reads them. `always_correct` adds `correct` at weight 0 when the
+    the functions whose style reads them; `judge` (the judge role's worker) scores `judge` or
+    `classifier`. `always_correct` adds `correct` at weight 0 when the
     weights leave it out (evaluation always reports accuracy). A bad ground truth is reported
     with the example's origin (file:line), or the batch reward that raised it.
     """
@@ -389,7 +390,7 @@ def score_examples(completions: list[str], examples: list, cfg, always_correct: 
                      verifiers=verifiers, extra_infos=[e.meta for e in examples], groups=groups,
                      gate=gate_of(cfg), dtype=dtype, prompts=[e.prompt for e in examples], model=cfg.model,
                      functions=function_verifiers(cfg), completion_ids=completion_ids,
-                     data_sources=[e.data_source for e in examples])
+                     data_sources=[e.data_source for e in examples], judge=judge)
     except BadGroundTruth as err:
         if err.row is None:  # raised by a batch reward function: no one record to name
             raise GroundTruthError(f"{err.function}: {err}") from None
@@ -399,7 +400,8 @@ def score_examples(completions: list[str], examples: list, cfg, always_correct: 
 
 
 def score_rollouts(texts: list[str], examples: list, cfg, always_correct: bool = False,
-                   groups: list[int] | None = None, completion_ids: list[list[int]] | None = None) -> Scores:
+                   groups: list[int] | None = None, completion_ids: list[list[int]] | None = None,
+                   judge=None) -> Scores:
     """`score_examples` for a step's rollouts, in the float32 training computes in."""
     return score_examples(texts, examples, cfg, always_correct, groups, dtype=torch.float32,
-                          completion_ids=completion_ids)
+                          completion_ids=completion_ids, judge=judge)

@@ -47,7 +47,6 @@ from typing import Any
 
 from reasonrl.errors import ConfigError, GroundTruthError
 from reasonrl.registry import VERIFIERS
-from reasonrl.rewards.model_reward import check_reward_model
 from reasonrl.rewards.pool import MAX_MEMORY_MB, Call, get_pool
 from reasonrl.rewards.styles import BATCH_STYLES, check_call, resolve, trl_columns
 
@@ -234,11 +233,8 @@ def check_examples(examples: list, cfg) -> None:
     own text), each distinct ground truth once, within `reward.timeout`. `reward.fn`,
     `reward.batch_fn` and `reward.fns` are imported and their signatures checked. Raises
     GroundTruthError naming file:line, or ConfigError for reward.fn / reward.batch_fn /
-    reward.fns (`check_functions`).
-    reward.model, when reward.weights names it, loads now (`model_reward.check_reward_model`):
-    ModelLoadError if it cannot.
+    reward.fns (`check_functions`). (reward.model loads when the judge role is built.)
     """
-    check_reward_model(cfg)
     check_functions(examples, cfg)
     if cfg.fn or cfg.batch_fn:  # `correct` is that function's: no task verifier reads the ground truths
         return

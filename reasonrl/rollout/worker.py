@@ -85,6 +85,40 @@ class RolloutWorker:
     """Renders prompts, plays the episodes (one engine turn each without an environment;
     `reasonrl.rollout.episodes`), and returns group-major `Rollouts`."""
 
+    @classmethod
+    def from_config(cls, cfg, host) -> RolloutWorker:
+        """The rollout role: an engine (`rollout.engine`) over `model.path`'s model
+        (`reasonrl.policy.colocate.base_model`: the HF engine shares the policy's in one process,
+        a plain copy with LoRA), computing in the precision's compute dtype; then the run's seed,
+        so that an engine in a process of its own samples as the colocated one does (the trainer
+        seeds after building the workers of its own process)."""
+        from reasonrl.policy.colocate import base_model
+        from reasonrl.policy.precision import cast_for_compute
+        from reasonrl.rng import seed_everything
+        from reasonrl.rollout.engines import make_engine
+
+        model, tokenizer = base_model(cfg, host, "rollout")
+        cast_for_compute(model, cfg.model.precision)  # a policy's model shared here is cast already
+        engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
+        worker = cls.encoder(cfg, tokenizer, engine)
+        seed_everything(cfg.trainer.seed)
+        return worker
+
+    @classmethod
+    def encoder(cls, cfg, tokenizer=None, engine: RolloutEngine | None = None) -> RolloutWorker:
+        """A rollout worker rendering prompts as the run's do (`engine` None: it renders only,
+        as the trainer's side of remote replicas does); `tokenizer` None: `model.path`'s."""
+        from reasonrl.data import system_prompt_for
+        from reasonrl.envs import environment_spec
+
+        if tokenizer is None:
+            from reasonrl.policy.model import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision)
+        d = cfg.data
+        return cls(engine, tokenizer, d.apply_chat_template, system_prompt_for(d), d.max_prompt_tokens,
+                   d.truncate_prompts, env=environment_spec(cfg.env))
+
     def __init__(self, engine: RolloutEngine | None, tokenizer, apply_chat_template: bool = True,
                  system_prompt: str = "", max_prompt_tokens: int = 256, truncate_prompts: str = "error",
                  env: EnvSpec | None = None):

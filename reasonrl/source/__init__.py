@@ -89,5 +89,5 @@ def make_source(cfg: Config, workers: Workers, examples: list[Example], held_out
                 settings: EvalSettings, sampling: SamplingParams) -> BatchSource:
     """The run's batch source (`SOURCES[source_name(cfg)]`) over the workers `placement` built."""
     threads = split_threads(cfg.trainer.threads, cfg.rollout.threads)[1]  # the rollout process's
-    parts = SideParts(examples, held_out, settings, threads)
+    parts = SideParts(examples, held_out, settings, threads, judge=workers.judge)
     return SOURCES[source_name(cfg)].build(cfg, workers, parts, sampling)

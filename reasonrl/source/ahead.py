@@ -54,6 +54,7 @@ class Ahead:
         self.shared: dict[int, object] = {}  # versions sent and not yet loaded: their snapshots
         self.side_state: dict | None = None  # a resumed run's: sent to the side when it starts
         self.conn = self.worker = self.receiver = None
+        self.side = SIDES[cfg.placement.mode]  # how the side runs: a process, or a thread here
         self.what = "the rollout side"
 
     @classmethod
@@ -152,16 +153,7 @@ class Ahead:
         except (OSError, ValueError):
             pass
         worker, self.worker = self.worker, None
-        if isinstance(worker, threading.Thread):  # commands not started yet are dropped
-            self.conn.drop_unread()
-            self.conn.send(("stop",))
-        try:
-            worker.join(10)
-        except KeyboardInterrupt:
-            pass
-        if not isinstance(worker, threading.Thread) and worker.is_alive():
-            worker.kill()
-            worker.join(5)
+        self.side.stop(self.conn, worker)
         self.conn.close()
 
     # ---- the side -----------------------------------------------------------------------------
@@ -172,8 +164,7 @@ class Ahead:
         for before the batches it allows)."""
         if self.started:
             return
-        side = SIDES[self.cfg.placement.mode]
-        self.conn, self.worker, self.what = side.launch(self.cfg, self.parts, self.sampling)
+        self.conn, self.worker, self.what = self.side.launch(self.cfg, self.parts, self.sampling)
         # not waited for: the commands queue while the side builds its engine, and a failure to
         # start is raised by the wait that needs it
         self.receiver = threading.Thread(target=self._receive, name="reasonrl-rollout-receiver", daemon=True)
@@ -192,10 +183,7 @@ class Ahead:
         code (found as an exit code of None after a kill, under load)."""
         if worker is None or self.worker is None:
             return f"{self.what} was closed"
-        if isinstance(worker, threading.Thread):
-            return f"{self.what} ended"
-        worker.join(1)
-        return f"{self.what} exited (exit code {worker.exitcode})"
+        return f"{self.what} {self.side.ended(worker)}"
 
     def _receive(self) -> None:
         """The receiving thread: batches into `batches`, eval metrics into `evals`, acknowledged

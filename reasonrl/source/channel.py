@@ -79,7 +79,7 @@ def run_commands(conn, side, cfg: Config, sampling: SamplingParams) -> None:
             (b,) = args
             started = time.perf_counter()
             idle = started - idle_since - pause - busy
-            batch = collect_batch(side.rollout, side.sampler, sampling, cfg)
+            batch = collect_batch(side.rollout, side.sampler, sampling, cfg, side.parts.judge)
             stats = {"async/producer_idle": max(idle, 0.0), "async/sync_pause": pause}
             conn.send(("batch", b, side.pack({"batch": batch, "state": side.state(), "stats": stats})))
             idle_since, pause, busy = time.perf_counter(), 0.0, 0.0

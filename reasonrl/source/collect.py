@@ -68,8 +68,10 @@ def step_rewards(scores: Scores, rollouts: Rollouts, max_new_tokens: int, cfg: C
                         rollouts.group, algo.std_eps, algo.std_ddof)
 
 
-def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg: Config) -> StepBatch:
-    """The batch of one step (see the module docstring); `rollout` is a rollout worker."""
+def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg: Config,
+                  judge=None) -> StepBatch:
+    """The batch of one step (see the module docstring); `rollout` is a rollout worker, `judge`
+    the judge role's (reward.weights' judge or classifier; None without one)."""
     algo, want = cfg.algo, cfg.trainer.batch_size // cfg.rollout.n
     parts: list[tuple[Rollouts, Scores, torch.Tensor]] = []
     seconds = {"rollout": 0.0, "reward": 0.0}
@@ -84,7 +86,7 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
             cut += sum(n > 0 for n in prompt_cuts(rollout, examples, cfg.data.max_prompt_tokens))
         t = time.perf_counter()
         scores = score_rollouts(rollouts.texts, rollouts.examples, cfg.reward, groups=rollouts.group.tolist(),
-                                completion_ids=rollouts.completion_ids)
+                                completion_ids=rollouts.completion_ids, judge=judge)
         scores = with_env_reward(scores, rollouts)
         rewards = step_rewards(scores, rollouts, sampling.max_new_tokens, cfg)
         seconds["reward"] += time.perf_counter() - t

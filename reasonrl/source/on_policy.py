@@ -30,7 +30,7 @@ class OnPolicy:
 
     def take(self, step: int) -> tuple[StepBatch, dict[str, float]]:
         """Batch `step`, collected now by policy version `step` (checked); no `async/` metrics."""
-        batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg)
+        batch = collect_batch(self.rollout, self.sampler, self.sampling, self.cfg, self.parts.judge)
         if batch.rollouts.policy_version != step:
             raise WeightSyncError(f"step {step + 1}: rollouts came from policy version "
                                   f"{batch.rollouts.policy_version}, expected {step}")
@@ -44,7 +44,7 @@ class OnPolicy:
     def evaluate(self, version: int) -> dict[str, float]:
         """The held-out `eval/` metrics of the version the engine serves, with `time/eval`."""
         return held_out_metrics(self.rollout, self.parts.held_out, self.parts.eval_settings,
-                                self.cfg.reward)
+                                self.cfg.reward, self.parts.judge)
 
     def state(self, step: int) -> tuple[dict, None]:
         """(the sampler's state, no batch in flight)."""

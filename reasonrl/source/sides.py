@@ -2,8 +2,8 @@
 class per placement (`SIDES`, keyed by placement.mode), each built from the parts `placement/`
 builds and nothing else:
 
-- `ProcessSide` (local): the rollout process, with its own model and engine
-  (`placement.rollout_process_worker`), its own torch threads, and torch's global RNG seeded
+- `ProcessSide` (local): the rollout process, with its own model and engine (the rollout role
+  built there: `placement.build_here`), its own torch threads, and torch's global RNG seeded
   `trainer.seed + 1` for the prompt seeds; weights arrive through shared memory.
 - `RaySide` (ray): a thread of the trainer's process driving the rollout replicas' actors;
   the prompt seeds come from a generator of its own seeded `trainer.seed + 1` (torch's global
@@ -28,7 +28,7 @@ from reasonrl.checkpoint import numpy_rng, plain_rng
 from reasonrl.config import Config
 from reasonrl.data import PromptSampler
 from reasonrl.evaluate import EvalSettings
-from reasonrl.placement import SharedMemory, receive, rollout_process_worker
+from reasonrl.placement import SharedMemory, build_here, receive
 from reasonrl.rng import rng_state, seed_everything, set_rng_state
 from reasonrl.rollout import prompt_seeds
 from reasonrl.source.channel import queue_pipe, serve, to_bytes
@@ -47,6 +47,7 @@ class SideParts:
     threads: int = 1
     rollout: object = None
     transport: object = None
+    judge: object = None  # the judge role's worker (local: a copy the rollout process starts for itself)
 
 
 class Side:
@@ -66,7 +67,8 @@ class Side:
         receive(self.transport, self.rollout, payload, checks, self.cfg.rollout.engine)
 
     def evaluate(self) -> dict[str, float]:
-        return held_out_metrics(self.rollout, self.parts.held_out, self.eval_settings, self.cfg.reward)
+        return held_out_metrics(self.rollout, self.parts.held_out, self.eval_settings, self.cfg.reward,
+                                self.parts.judge)
 
 
 # Ctrl-C in a terminal signals the whole process group, and systemd, Slurm or `kill -- -PGID`
@@ -109,9 +111,26 @@ class ProcessSide(Side):
         child.close()
         return conn, worker, "the rollout process"
 
+    @staticmethod
+    def stop(conn, worker) -> None:
+        """After `stop` was sent: the process's wait, then a kill (a Ctrl-C meanwhile ends the wait)."""
+        try:
+            worker.join(10)
+        except KeyboardInterrupt:
+            pass
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5)
+
+    @staticmethod
+    def ended(worker) -> str:
+        """Why the channel ended, said of the process."""
+        worker.join(1)
+        return f"exited (exit code {worker.exitcode})"
+
     def __init__(self, cfg: Config, parts: SideParts):
         torch.set_num_threads(parts.threads)
-        self.rollout = rollout_process_worker(cfg)
+        self.rollout = build_here(cfg, "rollout")
         self.transport = SharedMemory(rollout=self.rollout)
         seed_everything(cfg.trainer.seed + 1)  # the process's own stream (prompt seeds)
         super().__init__(cfg, parts)
@@ -166,6 +185,21 @@ class RaySide(Side):
                                   name="reasonrl-rollout-producer", daemon=True)
         worker.start()
         return conn, worker, "the rollout producer (a thread driving the rollout replicas)"
+
+    @staticmethod
+    def stop(conn, worker) -> None:
+        """After `stop` was sent: the commands not started yet are dropped, `stop` sent again
+        ahead of them, and the thread waited for (a thread cannot be killed)."""
+        conn.drop_unread()
+        conn.send(("stop",))
+        try:
+            worker.join(10)
+        except KeyboardInterrupt:
+            pass
+
+    @staticmethod
+    def ended(worker) -> str:
+        return "ended"
 
     def __init__(self, cfg: Config, parts: SideParts):
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1)

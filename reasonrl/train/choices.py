@@ -105,7 +105,7 @@ def decide_decoder(cfg: Config) -> tuple[str | None, str]:
     calibration cache or measured now (the model is loaded for it only on a cache miss). None
     when the rollout's GPU is not visible here: its worker decides."""
     from reasonrl.accel import calibrate
-    from reasonrl.placement.local import load_model
+    from reasonrl.policy.colocate import load_model
     from reasonrl.policy.precision import cast_for_compute, compute_dtype
 
     device = rollout_device(cfg)

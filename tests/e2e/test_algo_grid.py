@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import reasonrl.placement.local
+import reasonrl.policy.colocate
 import reasonrl.source.collect
 from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
@@ -37,7 +37,7 @@ BASE = ["trainer.progress=false", "data.arithmetic.val_size=0", "data.arithmetic
 def cached_tiny_model(tiny, monkeypatch):
     """Trainers get a fresh copy of the session's tiny model instead of building one."""
     model, tokenizer = tiny
-    monkeypatch.setattr(reasonrl.placement.local, "load_model_and_tokenizer",
+    monkeypatch.setattr(reasonrl.policy.colocate, "load_model_and_tokenizer",
                         lambda *args, **kwargs: (copy.deepcopy(model), tokenizer))
 
 
