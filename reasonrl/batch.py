@@ -2,7 +2,8 @@
 
 data -> `Example`; rollout engine -> `Rollouts` (multi-turn: with `EpisodeStats`); rewards
 -> `Scores`; the batch collected for a step (rollouts, scores, shaped rewards, which rows
-train) -> `StepBatch`; the advantage stage (`reasonrl.train.advantage_stage`) -> the advantages and, for
+train) -> `StepBatch`; the policy's log-probs without gradient (the log-probs stage) ->
+`PolicyLogprobs`; the advantage stage (`reasonrl.train.advantage_stage`) -> the advantages and, for
 a critic, a `CriticBatch`; the trainer then packs rollouts + advantages into a `TrainBatch`
 for the policy worker. Everything that is per completion is aligned by index (row i of every
 tensor is completion i), and a per-completion record can be cut (`take`) and joined
@@ -219,6 +220,11 @@ class TrainBatch:
     # per row: the reference model's log-probs (the step's reference stage); rows outside
     # loss_mask may be empty. None: the worker computes them itself when it has a reference
     ref_logprobs: list[torch.Tensor] | None = None
+    # per row: the policy's log-probs before the update (the step's log-probs stage,
+    # `PolicyLogprobs.trained`), read as the old policy's when the step makes more than one
+    # update (optim.ppo_epochs x optim.mini_batches > 1); rows outside loss_mask may be empty.
+    # None: the worker computes them itself when it needs them
+    old_logprobs: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -231,6 +237,21 @@ class CriticBatch:
     old_values: list[torch.Tensor]  # per row [T_i]: the critic's values the advantages were computed from
     loss_mask: torch.Tensor | None = None  # [N] bool: rows that enter the loss (None = all)
     token_mask: list[list[int]] | None = None  # per row: 1 on model tokens (as TrainBatch); None = all
+
+
+@dataclass
+class PolicyLogprobs:
+    """The log-probs stage's output: the policy's token log-probs of each completion without
+    gradient, before the update (the policy now; with trainer.max_staleness > 0 not the version
+    that sampled the batch), float32 on the CPU, one tensor per row. A float32 forward's values
+    depend on the micro-batches its rows are laid out in, so there is one list per layout a
+    consumer reads: `every_row`, every row in the micro-batches of every row (the KL in the
+    reward, `PolicyWorker.token_kl`), and `trained`, the rows of the loss mask in theirs,
+    the update's (the teacher stage's student side, the update's old log-probs), others empty.
+    When the loss mask holds every row the two are one list, from one forward."""
+
+    every_row: list[torch.Tensor] | None = None  # None: no consumer reads it this step
+    trained: list[torch.Tensor] | None = None  # None: no consumer reads it this step
 
 
 @dataclass

@@ -33,13 +33,17 @@ class PolicyWorkerAPI(Protocol):
         ...
 
     def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                 ref_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each completion's per-token KL to the reference log-probs given (KL in the reward)."""
+                 ref_logprobs: list[torch.Tensor], logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each completion's per-token KL of the policy's log-probs given (the log-probs stage's,
+        every row) to the reference log-probs given (KL in the reward); no forward."""
         ...
 
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each completion's token log-probs under the policy now, without gradient (the
-        teacher stage's student side: what the teacher's log-probs are compared with)."""
+        log-probs stage: the KL in the reward, the teacher stage's student side, the update's
+        old log-probs); `rows` [N] bool: only those, laid out as the update lays them out
+        (others empty)."""
         ...
 
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],

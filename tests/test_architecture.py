@@ -72,8 +72,8 @@ def step_stages() -> list[str]:
 
 def test_the_page_the_report_and_the_step_name_the_same_stages():
     stages = step_stages()
-    assert stages == ["rollout", "reward", "reference", "teacher", "values", "advantage", "critic", "update",
-                      "sync"]
+    assert stages == ["rollout", "reward", "logprobs", "reference", "teacher", "values", "advantage",
+                      "critic", "update", "sync"]
     assert [s for s in STAGES if s != "eval"] == stages  # the report's time/<stage> plot, in step order
     (_, lines), = code_blocks(section("One training step, top to bottom"), "text")
     drawn = [m.group(1) for line in lines if (m := re.match(r"\s*-> (\w+):", line))]

@@ -102,7 +102,7 @@ class PolicyWorker:
                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
         return self.learner.micro_batches(prompt_ids, completion_ids, token_masks)
 
-    # ---- log-probs without gradients (old policy, reference model, KL in reward) ------
+    # ---- log-probs without gradients (the log-probs and reference stages, KL in reward) ---
 
     @torch.no_grad()
     def row_logprobs(self, model, prompt_ids: list[list[int]],
@@ -112,11 +112,27 @@ class PolicyWorker:
                        lambda mb: completion_logprobs(model, mb, self.settings.temperature)[0])
 
     @torch.no_grad()
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+    def _rows_logprobs(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                       rows: torch.Tensor | None) -> list[torch.Tensor]:
+        """`row_logprobs` of `rows` ([N] bool; None: all) alone, in the micro-batches of exactly
+        those rows, on the CPU; the other rows come back empty."""
+        keep = [i for i in range(len(prompt_ids)) if rows is None or rows[i]]
+        found = self.row_logprobs(model, pick(prompt_ids, keep), pick(completion_ids, keep))
+        out = [torch.zeros(0)] * len(prompt_ids)
+        for i, logp in zip(keep, found, strict=True):
+            out[i] = logp.cpu()
+        return out
+
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each completion's token log-probs under the policy now (float32, on the CPU), one
-        unpadded tensor per row, in the micro-batches the update lays these rows out in: the
-        student side of the teacher stage (`reasonrl.policy.teacher` computes the teacher's alike)."""
-        return [row.float().cpu() for row in self.row_logprobs(self.model, prompt_ids, completion_ids)]
+        unpadded tensor per row: the step's log-probs stage (`reasonrl.batch.PolicyLogprobs`),
+        read by the KL in the reward (`token_kl`), the teacher stage's student side and the
+        update's old log-probs (`TrainBatch.old_logprobs`). `rows` [N] bool: only those rows, in
+        micro-batches of exactly those rows as the update lays them out, so that its old
+        log-probs are bitwise what it would compute itself; the other rows come back empty."""
+        return [row.float() for row in self._rows_logprobs(self.model, prompt_ids, completion_ids, rows)]
 
     @torch.no_grad()
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -136,22 +152,22 @@ class PolicyWorker:
         is bitwise what it would compute itself; the other rows come back empty."""
         if self.ref_model is None:
             raise RuntimeError("reference_logprobs needs a reference model (algo.beta > 0 or algo.log_kl)")
-        keep = [i for i in range(len(prompt_ids)) if rows is None or rows[i]]
-        found = self.row_logprobs(self.ref_model, [prompt_ids[i] for i in keep],
-                                  [completion_ids[i] for i in keep])
-        out = [torch.zeros(0)] * len(prompt_ids)
-        for i, logp in zip(keep, found, strict=True):
-            out[i] = logp.cpu()
-        return out
+        return self._rows_logprobs(self.ref_model, prompt_ids, completion_ids, rows)
 
     @torch.no_grad()
     def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                 ref_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each completion's per-token KL estimate (`algo.kl_estimator`) of the policy to the
-        reference log-probs `reference_logprobs` gave, one unpadded tensor per row: KL in the
-        reward (summed per sequence, or per token for a critic's token rewards)."""
+                 ref_logprobs: list[torch.Tensor], logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each completion's per-token KL estimate (`algo.kl_estimator`) of the policy's
+        log-probs `logprobs` to the reference log-probs `ref_logprobs`, one unpadded tensor per
+        row: KL in the reward (summed per sequence, or per token for a critic's token rewards).
+        No forward: both come from their stages (`logprobs`: the log-probs stage's `every_row`,
+        as verl's `apply_kl_penalty` reads the `old_log_probs` its `compute_log_prob` stage
+        computed, verl/trainer/ppo/ray_trainer.py). The estimate runs per micro-batch of every
+        row on the worker's device, on [M, T] tensors shaped as that micro-batch's forward
+        returned them, so each value is bitwise what it was computed from the forward's own."""
         def kl(mb: MicroBatch) -> torch.Tensor:
-            logp, _ = completion_logprobs(self.model, mb, self.settings.temperature)
+            fill = torch.zeros(mb.targets.shape, dtype=torch.float32, device=self.device)
+            logp = pad_like([logprobs[i] for i in mb.rows], fill)
             ref = pad_like([ref_logprobs[i] for i in mb.rows], logp)
             return kl_estimate(logp, ref, self.algo.kl_estimator).cpu()
 
@@ -165,11 +181,14 @@ class PolicyWorker:
 
         With one update (the default) the update is on-policy: the old log-probs are the
         current ones (ratio = 1, no extra forward) and the gradient is the policy gradient
-        A * grad log pi. With more, the old log-probs are computed once, before the first
-        update, so later updates see ratio != 1 and the clip acts (PPO, Schulman et al.
-        2017, sec. 5). Each mini-batch is normalised on its own: its totals (`Totals`) are
-        those of exactly its rows' model tokens (`token_mask` leaves an episode's
-        environment tokens out). The LR schedule advances once per call.
+        A * grad log pi. With more, the old log-probs are those before the first update, so
+        later updates see ratio != 1 and the clip acts (PPO, Schulman et al. 2017, sec. 5):
+        the log-probs stage's (`batch.old_logprobs`, computed once per step and read by every
+        consumer, as verl's `compute_log_prob` stage, verl/trainer/ppo/ray_trainer.py), else
+        computed here, once, in the same micro-batches (the rows of `loss_mask`). Each mini-batch
+        is normalised on its own: its totals (`Totals`) are those of exactly its rows' model
+        tokens (`token_mask` leaves an episode's environment tokens out). The LR schedule
+        advances once per call.
         """
         n = len(batch.advantages)
         keep = batch.loss_mask if batch.loss_mask is not None else torch.ones(n, dtype=torch.bool)
@@ -182,8 +201,9 @@ class PolicyWorker:
         max_len = float(self.settings.max_response_length or max(model_tokens, default=1))
         lr = self.learner.lr
         old_logp = ref_logp = None
-        if rows and self.optim.ppo_epochs * self.optim.mini_batches > 1:
-            old_logp = self.row_logprobs(self.model, prompt_ids, completion_ids)
+        if rows and self.optim.ppo_epochs * self.optim.mini_batches > 1:  # the stage's, else alike
+            old_logp = (pick(batch.old_logprobs, rows) if batch.old_logprobs is not None
+                        else self.row_logprobs(self.model, prompt_ids, completion_ids))
         if rows and self.ref_model is not None:  # the reference stage's, else computed here alike
             ref_logp = (pick(batch.ref_logprobs, rows) if batch.ref_logprobs is not None
                         else self.reference_logprobs(prompt_ids, completion_ids))

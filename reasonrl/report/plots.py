@@ -89,10 +89,10 @@ SFT_PLOTS = [
 ]
 
 # time/<stage> in the order of Trainer.step; "other" = the rest of time/step
-STAGES = ["rollout", "reward", "reference", "teacher", "values", "advantage", "critic", "update", "sync",
-          "eval"]
+STAGES = ["rollout", "reward", "logprobs", "reference", "teacher", "values", "advantage", "critic", "update",
+          "sync", "eval"]
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf"]
+          "#bcbd22", "#17becf", "#aec7e8"]
 STYLES = ["-", "--", ":", "-."]
 
 

@@ -1,9 +1,11 @@
 """The single controller. It holds no model: it moves batches between the workers.
 
 One step, top to bottom (`Trainer.step`), each stage one named, timed call:
-    prompts -> rollout (G samples each) -> rewards -> reference log-probs (and the KL in the
-    reward), the teacher's log-probs (on-policy distillation) and critic values (the forwards,
-    when used) -> advantages (pure) -> critic update -> policy update -> sync
+    prompts -> rollout (G samples each) -> rewards -> the policy's log-probs without gradient
+    (once, read by the KL in the reward, the teacher stage and the update's old log-probs),
+    reference log-probs (and the KL in the reward), the teacher's log-probs (on-policy
+    distillation) and critic values (the forwards, when used) -> advantages (pure) -> critic
+    update -> policy update -> sync
 then metrics, samples, held-out eval and checkpoints (`Trainer.fit`). The batch comes from
 the run's batch source (`reasonrl.source`): collected now, on-policy, or ahead on a rollout
 side of its own by an older policy version (trainer.max_staleness > 0); the step reads the same
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 from reasonrl import console
-from reasonrl.batch import StepBatch, TeacherScores, TrainBatch
+from reasonrl.batch import PolicyLogprobs, StepBatch, TeacherScores, TrainBatch
 from reasonrl.checkpoint import CRITIC_DIR, check_config_changes, config_hash, read_checkpoint
 from reasonrl.config import Config, TeacherConfig, to_dict
 from reasonrl.data import load_examples
@@ -75,30 +77,48 @@ def timed(times: dict[str, float], stage: str, fn, *args):
     return out
 
 
-def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor,
-                    algo) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+def logprobs_stage(policy, ids: tuple, loss_mask: torch.Tensor, every_row: bool,
+                   trained: bool) -> PolicyLogprobs:
+    """The policy's log-probs without gradient, computed once per step for every consumer
+    (verl's `compute_log_prob` stage, whose `old_log_probs` its KL penalty and update then read:
+    verl/trainer/ppo/ray_trainer.py): `every_row` for the KL in the reward, `trained` (the rows
+    of `loss_mask`, laid out as the update lays them out) for the teacher stage and the old
+    log-probs of a multi-update step. Each is bitwise what its consumer computed itself before
+    this stage existed: one forward when the loss mask holds every row (the same rows, the same
+    micro-batches) or one list is asked for, else one per list. All of them are the policy now,
+    before its update (with trainer.max_staleness > 0: not the version that sampled the batch)."""
+    everything = policy.logprobs(*ids) if every_row else None
+    if not trained:
+        return PolicyLogprobs(everything, None)
+    if everything is not None and bool(loss_mask.all()):
+        return PolicyLogprobs(everything, everything)
+    return PolicyLogprobs(everything, policy.logprobs(*ids, loss_mask))
+
+
+def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor, algo,
+                    logprobs: PolicyLogprobs) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """(the reference model's log-probs, the per-token KL for the reward or None): the step's
-    one reference forward. KL in the reward needs every row and the policy's log-probs beside;
-    otherwise only the rows the update trains on, laid out as the update lays them out."""
+    one reference forward. KL in the reward needs every row, and reads the policy's log-probs
+    of every row from the log-probs stage (`logprobs.every_row`); otherwise only the rows the
+    update trains on, laid out as the update lays them out."""
     if algo.beta > 0 and algo.kl_in == "reward":
         ref = policy.reference_logprobs(*ids)
-        return ref, policy.token_kl(*ids, ref)
+        return ref, policy.token_kl(*ids, ref, logprobs.every_row)
     return policy.reference_logprobs(*ids, loss_mask), None
 
 
-def teacher_stage(teacher, policy, ids: tuple, loss_mask: torch.Tensor,
+def teacher_stage(teacher, student: list[torch.Tensor], ids: tuple, loss_mask: torch.Tensor,
                   settings: TeacherConfig) -> TeacherScores:
-    """The teacher's log-probs of the completions the update trains on (`loss_mask`) and the
-    student's to compare them with (the policy's now: on-policy, the version that sampled them;
-    with trainer.max_staleness > 0, the version the update changes): the step's teacher forward
-    and one forward of the policy without gradient. Other rows' are empty: they get no advantage."""
+    """The teacher's log-probs of the completions the update trains on (`loss_mask`), beside the
+    student's to compare them with (`student`: the log-probs stage's `trained`, the policy's now:
+    on-policy, the version that sampled them; with trainer.max_staleness > 0, the version the
+    update changes): the step's teacher forward. Other rows' are empty: they get no advantage."""
     rows = [i for i in range(len(ids[0])) if loss_mask[i]]
-    prompts, completions = [ids[0][i] for i in rows], [ids[1][i] for i in rows]
-    found = teacher.logprobs(prompts, completions), policy.logprobs(prompts, completions)
-    teacher_lp, student_lp = ([torch.zeros(0)] * len(ids[0]) for _ in range(2))
+    found = teacher.logprobs([ids[0][i] for i in rows], [ids[1][i] for i in rows])
+    teacher_lp = [torch.zeros(0)] * len(ids[0])
     for k, i in enumerate(rows):
-        teacher_lp[i], student_lp[i] = found[0][k], found[1][k]
-    return TeacherScores(teacher_lp, student_lp, settings.coef, settings.task_weight)
+        teacher_lp[i] = found[k]
+    return TeacherScores(teacher_lp, student, settings.coef, settings.task_weight)
 
 
 def with_epochs(cfg: Config, num_prompts: int) -> Config:
@@ -217,12 +237,18 @@ class Trainer:
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
         ids = rollouts.prompt_ids, rollouts.completion_ids
         ref = kl = values = scores = None
+        logp = PolicyLogprobs()
         updates = self.critic is None or self.step_count >= self.cfg.critic.warmup_steps
         kl_in_reward = algo.beta > 0 and algo.kl_in == "reward"
+        several = self.cfg.optim.ppo_epochs * self.cfg.optim.mini_batches > 1  # updates read old log-probs
+        trained = updates and (self.teacher is not None or several)
+        if kl_in_reward or trained:  # the policy's forward without gradient, once per layout read
+            logp = timed(times, "logprobs", logprobs_stage, self.policy, ids, loss_mask, kl_in_reward,
+                         trained)
         if kl_in_reward or (updates and (algo.beta > 0 or algo.log_kl)):  # the reference forward, once
-            ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo)
-        if self.teacher is not None and updates:  # the teacher's forward (and the student's beside it)
-            scores = timed(times, "teacher", teacher_stage, self.teacher, self.policy, ids, loss_mask,
+            ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo, logp)
+        if self.teacher is not None and updates:  # the teacher's forward
+            scores = timed(times, "teacher", teacher_stage, self.teacher, logp.trained, ids, loss_mask,
                            self.cfg.teacher)
         if self.critic is not None:
             values = timed(times, "values", self.critic.values, *ids)  # the critic's forward
@@ -232,7 +258,7 @@ class Trainer:
             metrics.update(timed(times, "critic", self.critic.train_step, critic_batch))
         if updates:
             train = TrainBatch(rollouts.prompt_ids, rollouts.completion_ids, advantages, loss_mask,
-                               rollouts.sampler_logprobs, rollouts.token_mask, ref)
+                               rollouts.sampler_logprobs, rollouts.token_mask, ref, logp.trained)
             metrics.update(timed(times, "update", self.policy.train_step, train))
         self.bad.stop_if_weights_broke(self.step_count + 1, metrics)  # before the sync: they go nowhere
         self.step_count += 1  # the policy is now at version step_count
