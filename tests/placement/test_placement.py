@@ -493,7 +493,7 @@ def test_rollout_replicas_split_merge_sync_and_name_the_one_that_fails(ray_sessi
             workers.rollout.load_weights(workers.policy.named_weights(), version=2, expected_checksum=123.0)
         workers.rollout.load_weights(workers.policy.named_weights(), version=3, expected_checksum=checksum)
         assert workers.rollout.rollout(examples[:3], params).policy_version == 3
-        ray.kill(workers.actors[1])
+        ray.kill(workers.rollout._group.actors[1])  # replica 1
         with pytest.raises(PlacementError, match=r"ray: rollout replica 1 \(of 2\) died during rollout\(\)"):
             workers.rollout.rollout(examples, params)
     finally:
