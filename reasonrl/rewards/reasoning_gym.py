@@ -30,12 +30,35 @@ write `\\boxed{15.56}`, which contains the answer 6 and earns 1/5.
 The verifier runs isolated (a worker process, `reward.timeout` per sample): some tasks' scores
 parse the answer with sympy, whose `parse_expr` evaluates Python, and model output is never
 evaluated in the training process.
+
+Problems are generated under a fixed string hash seed (`Generator`, docs/reasoning-gym.md): some
+tasks iterate over sets of strings (ransom_note's letters, word lists), whose order follows the
+interpreter's hash seed, random per process unless PYTHONHASHSEED is set, so the same (task,
+seed, size, index) gave another problem in every process. The reward workers are fresh
+interpreters (`rewards.pool`: `python -m reasonrl.rewards.worker`), not forks of the process that
+wrote the prompt, so they scored against another problem's answer; a resumed run and a second
+run of one config drew other problems. Every entry the data source and the verifier read comes
+from a child interpreter started with PYTHONHASHSEED=0 (or from this one, when its hash seed is
+already 0), the same entries in every process. It costs one interpreter start and one import of
+reasoning-gym per process that generates (the data loader, each reward worker): 1.7 s on an idle
+2-core EPYC, 3-4 s with other jobs running, begun in the background by `start_generator` (the
+data loader, a reward worker's warmup) while this process imports reasoning-gym itself. The
+task's `score_answer` runs here, on the dataset built in this process and the entry from the
+child (bench/reasoning_gym_hash_seed.py checks that no task's score of its reference answer
+depends on the hash seed).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +79,237 @@ def library() -> Any:
     except ImportError:
         raise MissingExtraError(f"reasoning-gym tasks need the reasoning-gym package: {INSTALL}") from None
     return reasoning_gym
+
+
+# The generator: the code the child interpreter runs (`python -c`), the standard library and
+# reasoning-gym only (importing reasonrl would import torch: 2 s more). A request is a pickled
+# tuple after its length (8 bytes, little-endian), and so is the reply:
+#   ("entries", task, seed, size, options, weights, indices) -> ("ok", [entry, ...], {name: seed})
+#       options: the task's options as JSON; weights: None, or for task "composite" the JSON list
+#       [[name, weight, options], ...]; the mapping gives a composite's sub-datasets' seeds
+#   ("raw", ...): as "entries", the global `random` left as it is (what reasoning-gym alone gives)
+#   ("scores", task, seed, size, options, weights, [(answer, entry), ...]) -> ("ok", [score, ...], {})
+#   ("ready", None, 0, 0, "{}", None, []) -> ("ok", [], {}) once reasoning-gym is imported
+#   -> ("refused", error type, message): create_dataset refused the options (its validate)
+#   -> ("failed", index, error type, message): the task raised generating problem `index`
+#   -> ("error", error type, message): anything else
+# Replies go to a copy of fd 1 taken at start; fd 1 then points at stderr, so whatever a task
+# prints cannot corrupt them. The child ends when its stdin closes (its parent is gone).
+GENERATOR = r"""
+import json, os, pickle, random, signal, struct, sys
+
+DATASETS = {}
+
+
+def build(task, seed, size, options, weights):
+    key = (task, seed, size, options, weights)
+    if key not in DATASETS:
+        import reasoning_gym
+
+        if weights is None:
+            made = reasoning_gym.create_dataset(task, seed=seed, size=size, **json.loads(options))
+        else:
+            from reasoning_gym.composite import DatasetSpec
+
+            specs = [DatasetSpec(name=n, weight=w, config=c) for n, w, c in json.loads(weights)]
+            made = reasoning_gym.create_dataset(task, seed=seed, size=size, datasets=specs)
+        if len(DATASETS) >= 16:
+            DATASETS.pop(next(iter(DATASETS)))
+        DATASETS[key] = made
+    return DATASETS[key]
+
+
+def item(dataset, task, seed, i):
+    # Problem i, the global `random` seeded from the task, its seed and i meanwhile (and restored):
+    # list_functions draws from it, so its problems differed in every process. A composite's
+    # problem i is its k-th task's problem i, k drawn as reasoning-gym's CompositeDataset draws it,
+    # and the global seed is that task's, as the verifier asks for the problem on its own.
+    names = getattr(dataset, "dataset_names", None)
+    if names:
+        task = names[random.Random(seed + i).choices(range(len(names)), weights=dataset.weights, k=1)[0]]
+        seed = dataset.datasets[task].seed
+    state = random.getstate()
+    random.seed(f"{task}/{seed}/{i}")
+    try:
+        entry = dataset[i]
+    finally:
+        random.setstate(state)
+    if names and entry["metadata"]["source_dataset"] != task:
+        raise RuntimeError(f"the composite's problem {i} is not {task}'s, as drawn here")
+    return entry
+
+
+def answer(request):
+    op, task, seed, size, options, weights, items = request
+    if op == "ready":
+        import reasoning_gym  # noqa: F401
+        return ("ok", [], {})
+    try:
+        dataset = build(task, seed, size, options, weights)
+    except (AssertionError, ValueError, TypeError) as err:
+        return ("refused", type(err).__name__, str(err))
+    if op == "scores":
+        return ("ok", [dataset.score_answer(a, e) for a, e in items], {})
+    entries = []
+    for i in items:
+        try:
+            entries.append(dataset[i] if op == "raw" else item(dataset, task, seed, i))
+        except Exception as err:
+            return ("failed", i, type(err).__name__, str(err))
+    seeds = {n: d.seed for n, d in getattr(dataset, "datasets", {}).items()}
+    return ("ok", entries, seeds)
+
+
+def serve():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    while True:
+        head = requests.read(8)
+        if len(head) < 8:
+            return
+        request = pickle.loads(requests.read(struct.unpack("<Q", head)[0]))
+        try:
+            data = pickle.dumps(answer(request), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:
+            data = pickle.dumps(("error", type(err).__name__, str(err)))
+        try:
+            replies.write(struct.pack("<Q", len(data)) + data)
+            replies.flush()
+        except BrokenPipeError:  # the parent is gone (a reward worker killed at its deadline)
+            return
+
+
+if __name__ == "__main__":
+    serve()
+"""
+
+
+class Refused(Exception):
+    """create_dataset refused a task's options: `kind` (the error's type) and `message`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
+
+
+class GenerationFailed(Exception):
+    """The task raised generating problem `index`."""
+
+    def __init__(self, index: int, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.index, self.kind, self.message = index, kind, message
+
+
+def fixed_hash_seed() -> bool:
+    """Whether this interpreter's string hashes are the generator's (PYTHONHASHSEED=0): then
+    problems are generated here, without a child."""
+    return sys.flags.hash_randomization == 0
+
+
+class Generator:
+    """reasoning-gym's problems as an interpreter with PYTHONHASHSEED=`hash_seed` generates them:
+    a child started on first use (or by `start`) that lives until `close`, this process's exit
+    or its stdin closing (idle meanwhile: 120 MB resident with reasoning-gym imported). One
+    request at a time (a lock); a request interrupted (a reward worker's alarm) or a child that
+    died takes the child down, and the next request starts another; a forked process starts its
+    own."""
+
+    def __init__(self, hash_seed: str = "0") -> None:
+        self.hash_seed = hash_seed
+        self.proc: subprocess.Popen | None = None
+        self.owner = 0  # the pid that started the child: a forked copy of this object starts its own
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def start(self) -> None:
+        """Start the child if it is not running (returns at once; it imports reasoning-gym
+        meanwhile)."""
+        if self.owner != os.getpid():
+            self.proc = None  # the parent's child, its pipes shared: never written from this process
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        env = dict(os.environ, PYTHONHASHSEED=self.hash_seed,
+                   PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+        self.proc = subprocess.Popen([sys.executable, "-c", GENERATOR], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env)
+        self.owner = os.getpid()
+
+    def ask(self, request: tuple) -> tuple:
+        with self.lock:
+            self.start()
+            proc = self.proc
+            try:
+                data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+                proc.stdin.write(struct.pack("<Q", len(data)) + data)
+                proc.stdin.flush()
+                head = proc.stdout.read(8)
+                if len(head) < 8:
+                    raise RuntimeError(f"reasoning-gym's generator (PYTHONHASHSEED={self.hash_seed}) exited "
+                                       f"with {proc.wait()}: its error is above")
+                return pickle.loads(proc.stdout.read(struct.unpack("<Q", head)[0]))
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and self.owner == os.getpid():
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@functools.lru_cache(maxsize=1)
+def _here() -> dict:
+    """GENERATOR's functions, run in this interpreter (its hash seed is already 0)."""
+    namespace = {"__name__": "reasonrl_reasoning_gym_generator"}
+    exec(compile(GENERATOR, "<reasoning-gym generator>", "exec"), namespace)
+    return namespace
+
+
+_GENERATOR = Generator()
+
+
+def start_generator() -> None:
+    """Start this process's generator child now (a no-op when the hash seed is already 0)."""
+    if not fixed_hash_seed():
+        _GENERATOR.start()
+
+
+def generate(op: str, task: str, seed: int, size: int, options: str, weights: str | None,
+             items: list) -> tuple[list, dict]:
+    """One GENERATOR request, answered under PYTHONHASHSEED=0: here when this interpreter's hash
+    seed is 0, else by the child. (results, a composite's sub-datasets' seeds); Refused,
+    GenerationFailed, RuntimeError for anything else."""
+    library()  # MissingExtraError here rather than an ImportError from the child
+    request = (op, task, seed, size, options, weights, list(items))
+    reply = _here()["answer"](request) if fixed_hash_seed() else _GENERATOR.ask(request)
+    if reply[0] == "ok":
+        return reply[1], reply[2]
+    if reply[0] == "refused":
+        raise Refused(reply[1], reply[2])
+    if reply[0] == "failed":
+        raise GenerationFailed(*reply[1:])
+    raise RuntimeError(f"reasoning-gym's generator failed on {task}: {reply[1]}: {reply[2]}")
+
+
+@functools.lru_cache(maxsize=16)
+def problem_set(task: str, seed: int, size: int, options: str, weights: str | None = None
+                ) -> tuple[tuple[dict, ...], dict]:
+    """All `size` entries of a task's dataset (`weights`: a composite's) as generated under
+    PYTHONHASHSEED=0, and a composite's sub-datasets' seeds (cached: the data source asks once per
+    set; the entries are shared, not to be changed)."""
+    entries, seeds = generate("entries", task, seed, size, options, weights, range(size))
+    return tuple(entries), seeds
 
 
 @dataclass(frozen=True)
@@ -123,8 +377,13 @@ def dataset(task: str, seed: int, size: int, options: str) -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def entry(ref: Reference) -> dict:
-    """The problem `ref` names, as the task generates it (cached: some tasks take 0.1-0.3 s)."""
-    return dataset(ref.task, ref.seed, ref.size, ref.options)[ref.index]
+    """The problem `ref` names, as the task generates it under PYTHONHASHSEED=0 (cached: some
+    tasks take 0.1-0.3 s)."""
+    try:
+        return generate("entries", ref.task, ref.seed, ref.size, ref.options, None, [ref.index])[0][0]
+    except Refused as err:
+        raise GroundTruthError(f"reasoning-gym cannot build {ref.task} with options {ref.options}: "
+                               f"{err}") from None
 
 
 def check_reference(completion: str, ground_truth: str, extra_info: dict | None = None) -> float:
@@ -166,9 +425,12 @@ def reasoning_gym_reward(completion: str, ground_truth: str,
 
 
 def _warmup() -> None:
-    """Import reasoning-gym (1.5 s, its 105 tasks) when a worker loads the verifier, so the first
-    sample is not charged for it against reward.timeout."""
+    """Start the generator child, import reasoning-gym here meanwhile (1.5 s each, its 105 tasks)
+    and wait for the child to have imported it too, when a worker loads the verifier, so the first
+    sample is not charged for them against reward.timeout."""
+    start_generator()
     library()
+    generate("ready", "", 0, 0, "{}", None, [])
 
 
 reasoning_gym_reward.warmup = _warmup

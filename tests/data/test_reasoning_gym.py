@@ -10,7 +10,10 @@ drawn from Random(seed + i), so the texts are fixed by the seed and the library'
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import random
+import subprocess
 import sys
 
 import pytest
@@ -192,10 +195,14 @@ def test_options_under_the_tasks_name_in_a_run_of_one_task_and_a_failing_generat
         "its options directly: data.reasoning_gym.options.<option>); its options: min_animals")
     from reasoning_gym.factory import DATASETS
 
+    from reasonrl.rewards import reasoning_gym as verifier
+
     def broken(self, idx):
         raise ValueError("boom")
 
     monkeypatch.setattr(DATASETS["leg_counting"][0], "__getitem__", broken)
+    monkeypatch.setattr(verifier, "fixed_hash_seed", lambda: True)  # generated here, where the patch is
+    verifier.problem_set.cache_clear()
     with pytest.raises(DataError) as err:
         examples()
     assert str(err.value) == ("reasoning_gym:leg_counting (seed 1000000) problem 0: reasoning-gym failed to "
@@ -359,3 +366,82 @@ def test_the_example_config_trains_the_tiny_model_two_steps(tmp_path):
     assert lines[0]["eval/num_prompts"] == 4 and "eval/accuracy" in lines[2]
     samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
     assert samples and all(json.loads(s["ground_truth"])["task"] == "isomorphic_strings" for s in samples)
+
+
+# ---- the same problems under any string hash seed ------------------------------------------------
+# ransom_note draws its letters from a set of strings, whose order follows the interpreter's hash
+# seed: reasoning-gym alone gives other problems in every process. reasonrl generates them under
+# PYTHONHASHSEED=0 (a child interpreter, or this one when its hash seed is already 0).
+
+RANSOM = ["data.train_path=reasoning_gym:ransom_note", "data.reasoning_gym.size=6",
+          "data.reasoning_gym.val_size=6"]
+
+
+def run_python(code: str, hash_seed: str, *args: str) -> bytes:
+    env = dict(os.environ, PYTHONHASHSEED=hash_seed, OMP_WAIT_POLICY="PASSIVE")
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return done.stdout
+
+
+@needs_rg
+def test_reasoning_gym_alone_asks_other_ransom_notes_under_another_hash_seed():
+    """The defect, in reasoning-gym itself (if this fails, the library fixed it)."""
+    code = ("import pickle, sys, reasoning_gym;"
+            "d = reasoning_gym.create_dataset('ransom_note', seed=0, size=6);"
+            "sys.stdout.buffer.write(pickle.dumps([(e['question'], e['answer']) for e in d]))")
+    assert pickle.loads(run_python(code, "0")) != pickle.loads(run_python(code, "1"))
+
+
+@needs_rg
+@pytest.mark.parametrize("hash_seed", ["0", "123"])
+def test_the_data_source_gives_the_same_problems_under_any_hash_seed(hash_seed):
+    """Hash seed 0: the other process generates in-process (no child), this one in its child (or
+    in-process, if pytest runs under PYTHONHASHSEED=0); 123: both in their children."""
+    code = ("import pickle, sys; from reasonrl.config import load_config; from reasonrl.data import "
+            "load_examples; from reasonrl.rewards.reasoning_gym import fixed_hash_seed, _GENERATOR; "
+            "train, held_out = load_examples(load_config(None, sys.argv[1:]).data, 0); "
+            "rows = [(e.prompt, e.ground_truth) for e in train + held_out]; "
+            "sys.stdout.buffer.write(pickle.dumps((rows, fixed_hash_seed(), _GENERATOR.proc is not None)))")
+    rows, here, child = pickle.loads(run_python(code, hash_seed, *RG, *RANSOM))
+    assert (here, child) == ((True, False) if hash_seed == "0" else (False, True))
+    train, held_out = examples(*RANSOM)
+    assert rows == [(e.prompt, e.ground_truth) for e in train + held_out]
+
+
+@needs_rg
+def test_the_child_and_the_in_process_generator_give_the_same_entries():
+    """What `generate` returns in an interpreter whose hash seed is 0 (no child) equals what a
+    PYTHONHASHSEED=0 child sends back, metadata included."""
+    from reasonrl.rewards.reasoning_gym import Generator
+
+    request = ("entries", "ransom_note", 1_000_000, 50, "{}", None, [0, 1, 2, 3, 17, 49])
+    code = ("import pickle, sys; from reasonrl.rewards.reasoning_gym import generate, fixed_hash_seed, "
+            "_GENERATOR; entries, _ = generate(*pickle.loads(bytes.fromhex(sys.argv[1])));"
+            "assert fixed_hash_seed() and _GENERATOR.proc is None;"
+            "sys.stdout.buffer.write(pickle.dumps(entries))")
+    here = pickle.loads(run_python(code, "0", pickle.dumps(request).hex()))
+    child = Generator("0")
+    try:
+        status, entries, _ = child.ask(request)
+    finally:
+        child.close()
+    assert status == "ok" and entries == here and len(entries) == 6
+    assert {e["answer"] for e in entries} == {"True", "False"}
+
+
+@needs_rg
+def test_the_reward_command_scores_references_in_a_process_with_another_hash_seed(tmp_path):
+    """Problems made here, scored by `reasonrl reward` under PYTHONHASHSEED=123 (its verifier
+    rebuilds each problem there, as a spawned reward worker or a resumed run does): every
+    reference answer scores 1.0. Before the fix about half of them were another problem's."""
+    _, held_out = examples(*RANSOM, "data.reasoning_gym.answer_format=boxed")
+    assert {e.meta["answer"] for e in held_out} == {"True", "False"}
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(json.dumps({"completion": f"\\boxed{{{e.meta['answer']}}}",
+                                           "ground_truth": e.ground_truth}) + "\n" for e in held_out))
+    code = "import sys; from reasonrl.cli import main; sys.exit(main(sys.argv[1:]))"
+    out = run_python(code, "123", "reward", "--task", "reasoning_gym", "--file", str(records)).decode()
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    scores = [r["score"] for r in rows if "score" in r][:len(held_out)]
+    assert scores == [1.0] * len(held_out), out
