@@ -106,6 +106,10 @@ class EpisodeStats(Rows):
     step_timeouts: torch.Tensor  # [N] long: of those, steps that ran past env.step_timeout
     reward: torch.Tensor  # [N] float: the environment's rewards, summed
     seconds: float = 0.0  # wall-clock seconds of environment steps (merged rollouts: summed)
+    # an agent program's episodes (env.format=agent, docs/agents.md): per row, named counts logged as
+    # agent/<name> (`reasonrl.envs.agent.agent_metrics`); `given` 1: the program's reward (or its
+    # failure's 0) replaces the task's, `dropped` 1: the row is unscored. None: not an agent's
+    agent: dict[str, torch.Tensor] | None = None
 
     @property
     def num_turns(self) -> torch.Tensor:

@@ -111,7 +111,10 @@ ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedbac
 # env.fn's class: reasonrl's protocol, or another framework's style through its adapter; detected in
 # this order: OpenEnv's classes (a `state` property) before Gymnasium's (the same reset(seed=...))
 ENV_FORMATS = Registry("env.format", "reasonrl.envs.base", "reasonrl.envs.openenv", "reasonrl.envs.gym_env",
-                       "reasonrl.envs.trl_env")
+                       "reasonrl.envs.trl_env", "reasonrl.envs.agent")
+# who plays an environment's episodes instead of the turn loop (`EnvSpec.runner`): an agent program's
+# through the OpenAI-compatible endpoint (env.format=agent)
+EPISODE_RUNNERS = Registry("env.format runner", "reasonrl.serve.agent_episodes")
 
 
 def needs_critic(advantage: str) -> bool:

@@ -15,6 +15,7 @@ import dataclasses
 import re
 import string
 
+from reasonrl.config.agent import agent_rules
 from reasonrl.config.openenv import openenv_rules
 from reasonrl.config.placement import PolicyPlacement, WorkerPlacement
 from reasonrl.config.reasoning_gym import reasoning_gym_rules
@@ -100,7 +101,8 @@ def env_rules(cfg: Config) -> None:
         raise ConfigError(f"env.format: {e.format} is the style of an env.fn class; env.name={e.name} is "
                           "built in: remove env.format or set env.fn instead of env.name")
     openenv_rules(e.name, e.fn, e.format, e.url, e.openenv)
-    if e.name == "none" and not e.fn:
+    agent_rules(e.fn, e.format, e.name, e.agent)
+    if e.name == "none" and not e.fn and e.format != "agent":
         changed = [f"env.{f.name}" for f in dataclasses.fields(EnvConfig)
                    if f.name != "name" and getattr(e, f.name) != getattr(EnvConfig(), f.name)]
         if changed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reasonrl.config.agent import AgentConfig
 from reasonrl.config.fields import param
 from reasonrl.config.openenv import OpenEnvConfig
 from reasonrl.config.placement import PlacementConfig
@@ -207,6 +208,7 @@ class EnvConfig:
     max_concurrent_episodes: int = param(0, ge=0)
     url: str = ""  # env.name=openenv: an OpenEnv server, ws://host:port or http://host:port
     openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)  # env.name=openenv, env.format=openenv
+    agent: AgentConfig = field(default_factory=AgentConfig)  # env.format=agent: docs/agents.md
 
 
 # reward.model.template's default: a reference-guided Yes/No question (docs/judges.md)

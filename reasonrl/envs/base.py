@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+
 from reasonrl.batch import Example, Rollouts, Scores
 from reasonrl.config import EnvConfig
 from reasonrl.errors import ConfigError
@@ -139,6 +141,9 @@ class EnvSpec:
     # the roles of the chat messages its observations send: the chat template must render them
     # after the model's turn (checked at start-up)
     chat_roles: tuple[str, ...] = ()
+    # who plays the episodes instead of the turn loop (an EPISODE_RUNNERS name: an agent program's,
+    # env.format=agent); "": reasonrl.rollout.episodes
+    runner: str = ""
 
 
 def check_stop_strings(value: Any, where: str) -> tuple[str, ...]:
@@ -219,7 +224,8 @@ def detect_format(cls: type, target: str) -> tuple[str, str]:
         if entry.info["detect"] is not None and entry.info["detect"](cls):
             return entry.name, ""
     has = ", ".join(public_methods(cls)) or "no public method"
-    needs = "; ".join(f"{e.name} needs {e.info['needs']}" for e in ENV_FORMATS if e.name != "reasonrl")
+    needs = "; ".join(f"{e.name} needs {e.info['needs']}" for e in ENV_FORMATS
+                      if e.name != "reasonrl" and e.info.get("needs"))  # not a class: agent
     return "reasonrl", f"; nor does it match another style (env.format): it has {has}; {needs}"
 
 
@@ -228,6 +234,8 @@ def environment_spec(cfg: EnvConfig) -> EnvSpec | None:
     `env.fn` (imported, in the style of `env.format`, detected when `auto`, through that
     style's adapter) or a registered one built from the section; ConfigError naming the key
     otherwise."""
+    if cfg.format == "agent":  # a program, not a class (reasonrl.envs.agent)
+        return ENV_FORMATS.get("agent")(cfg)
     if cfg.fn:
         from reasonrl.rewards.verifiers import load_target
 
@@ -260,5 +268,14 @@ def with_env_reward(scores: Scores, rollouts: Rollouts) -> Scores:
     if rollouts.episodes is None:
         return scores
     reward = rollouts.episodes.reward
+    agent = rollouts.episodes.agent
+    if agent is not None:  # an agent program (env.format=agent): its reward replaces the task's
+        given, dropped = agent["given"].bool(), agent["dropped"].bool()
+        total = torch.where(given, reward, scores.total + reward).masked_fill(dropped, 0.0)
+        components, applied = {**scores.components, "env": reward.clone()}, scores.applied
+        if bool(dropped.any()):  # unscored: advantage 0, outside its group's statistics
+            applied = {name: ~dropped & (scores.applied or {}).get(name, torch.ones_like(dropped))
+                       for name in components}
+        return dataclasses.replace(scores, total=total, applied=applied, components=components)
     return dataclasses.replace(scores, total=scores.total + reward,
                                components={**scores.components, "env": reward.clone()})

@@ -166,6 +166,11 @@ class RolloutWorker:
         prompts = [self.encode(e) for e in examples]
         if seeds is None and not params.greedy:
             seeds = prompt_seeds(len(prompts))
+        if self.env is not None and self.env.runner:  # e.g. an agent program's (env.format=agent)
+            from reasonrl.registry import EPISODE_RUNNERS
+
+            return EPISODE_RUNNERS.get(self.env.runner)(self).run(examples, prompts, params, seeds,
+                                                               self.policy_version)
         runner = EpisodeRunner(self.engine, self.tokenizer, self.env, self.encode)
         return runner.run(examples, prompts, params, seeds, self.policy_version)
 

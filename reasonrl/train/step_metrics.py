@@ -10,6 +10,7 @@ import torch
 
 from reasonrl.algo import zero_variance_groups
 from reasonrl.batch import Rollouts, StepBatch
+from reasonrl.envs.agent import agent_metrics
 
 
 def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
@@ -62,6 +63,8 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
         metrics["reward/accuracy"] = (scores.components["correct"] >= 1.0).float().mean().item()
     if rollouts.episodes is not None:
         metrics.update(episode_metrics(rollouts))
+        if rollouts.episodes.agent is not None:  # an agent program's episodes (docs/agents.md)
+            metrics.update(agent_metrics(rollouts.episodes.agent))
     return metrics
 
 

@@ -1,0 +1,305 @@
+"""Agent episodes in training: an agent program's calls through the endpoint become `Rollouts`.
+
+`AgentEpisodes` is the episode runner of `env.format=agent` (`EPISODE_RUNNERS["agent"]`; the
+rollout worker hands it a rollout call instead of the turn loop). Per call:
+
+1. the worker's engine is served by an `AgentEndpoint` over loopback HTTP (one per worker, kept
+   between calls; `reasonrl.serve.app.Server`), whose only routes that answer are the live
+   episodes' `/episodes/{key}/v1`: a call on `/v1`, or from an episode that is over (a program
+   that outlived its timeout), is refused;
+2. each prompt's `rollout.n` episodes run the program (`reasonrl.envs.agent.AgentProgram`),
+   `env.agent.concurrency` at once, each with `env.agent.timeout` (`reasonrl.envs.run_calls`);
+   concurrent episodes' requests are batched into the engine's calls by the endpoint's batcher;
+3. every call is recorded by its token ids (`CallRecord`, filed under its episode); with
+   `env.agent.pin_version` each is pinned to the policy version the rollout started with (the
+   batcher refuses it if another is loaded), else tagged with the version that served it;
+4. `join_calls`: a call whose prompt ids extend an earlier call's prompt + completion ids
+   continues that sequence: the ids between (the environment's: tool output, the next user
+   message, the chat template's markup) go in with mask 0, its sampled ids with mask 1 and
+   their sampler log-probs; a call that extends none (a harness that rewrote or cut its
+   history, or `n` > 1 choices) starts another sequence. Nothing is re-rendered: every id is
+   one the endpoint was given or sampled.
+
+One row per episode, so a row's group and advantage are the episode's (`rollout.n` rows per
+prompt, as every other environment): the row trains the sequence with the most sampled tokens
+(ties: the latest); an episode that split counts in `agent/split` and its other sequences'
+calls in `agent/untrained_calls` (not trained: a row per sequence would need rows sharing an
+episode's advantage, which the advantage stage does not carry yet). Its reward: the program's
+return value, or, when it returns None, the reward functions over its final answer (the last
+call's completion); a failure (`reasonrl.envs.agent.FAILURES`) scores 0 or, with
+`env.agent.on_failure=drop`, leaves the row unscored (`reasonrl.envs.base.with_env_reward`).
+An episode with no call trains nothing (its row's one id is masked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reasonrl.batch import EpisodeStats, Example, Rollouts, Turn
+from reasonrl.envs import run_calls
+from reasonrl.envs.agent import COUNTS, FAILURES, failure_of, task_of
+from reasonrl.registry import EPISODE_RUNNERS
+from reasonrl.rollout.base import SamplingParams
+from reasonrl.serve.app import Server
+from reasonrl.serve.calls import CallRecord
+from reasonrl.serve.endpoint import Endpoint
+from reasonrl.serve.protocol import RequestError
+
+
+@dataclass
+class EpisodeCalls:
+    """What the endpoint files under one live episode."""
+
+    pinned: int | None  # the policy version its calls must be served by (None: any, tagged)
+    records: list[CallRecord] = field(default_factory=list)
+    refused: list[RequestError] = field(default_factory=list)
+
+
+class AgentEndpoint(Endpoint):
+    """The endpoint over a rollout worker's engine for its agent episodes: the served version is
+    the worker's `policy_version` (read at generation time); only live episodes' routes answer."""
+
+    def __init__(self, worker, max_model_len: int, **options):
+        self._worker = weakref.ref(worker)  # not kept alive by its endpoint: its end stops the server
+        self.live: dict[str, EpisodeCalls] = {}
+        super().__init__(worker.engine, worker.tokenizer, "policy", max_model_len, **options)
+        self.on_call.append(self._record)
+
+    @property
+    def policy_version(self) -> int:
+        worker = self._worker()
+        return worker.policy_version if worker is not None else -1
+
+    @policy_version.setter
+    def policy_version(self, value: int) -> None:  # Endpoint.__init__ sets it: the worker's is read
+        pass
+
+    def chat(self, body: dict, episode: str | None = None) -> dict:
+        return self._episode_call(super().chat, body, episode)
+
+    def completions(self, body: dict, episode: str | None = None) -> dict:
+        return self._episode_call(super().completions, body, episode)
+
+    def _episode_call(self, method, body: Any, episode: str | None) -> dict:
+        calls = self.live.get(episode) if episode is not None else None
+        if calls is None:
+            raise RequestError(f"episode {episode!r} is not running: call the base URL the episode was given "
+                               "(/episodes/{key}/v1), while it runs", 404, code="episode_not_running")
+        if calls.pinned is not None and isinstance(body, dict):
+            body = {**body, "policy_version": calls.pinned}
+        try:
+            return method(body, episode)
+        except RequestError as err:
+            calls.refused.append(err)
+            raise
+
+    def _record(self, record: CallRecord) -> None:
+        calls = self.live.get(record.episode)
+        if calls is not None:
+            calls.records.append(record)
+
+
+@dataclass
+class Chain:
+    """One trained sequence: a first call's prompt, then completions and what came between."""
+
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    between: list[list[int]] = field(default_factory=list)  # per call after the first: the ids before it
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.mask)
+
+    def add(self, record: CallRecord, context: list[int]) -> None:
+        if self.calls:
+            self.between.append(context)
+        self.ids += context + record.completion_ids
+        self.mask += [0] * len(context) + [1] * len(record.completion_ids)
+        if self.logprobs is not None and record.logprobs is not None:
+            self.logprobs += [0.0] * len(context) + list(record.logprobs)
+        else:
+            self.logprobs = None
+        self.calls.append(record)
+
+
+def join_calls(records: list[CallRecord]) -> list[Chain]:
+    """An episode's calls (in the order they were served) as sequences: a call whose prompt ids
+    begin with a sequence's prompt + ids so far continues the longest such sequence (the ids
+    past them are context, mask 0), else it starts a sequence of its own."""
+    chains: list[Chain] = []
+    for record in records:
+        best, at = None, -1
+        for chain in chains:
+            full = chain.prompt + chain.ids
+            if len(full) > at and record.prompt_ids[: len(full)] == full:
+                best, at = chain, len(full)
+        if best is None:
+            chain = Chain(list(record.prompt_ids))
+            chain.add(record, [])
+            chains.append(chain)
+        else:
+            best.add(record, list(record.prompt_ids[at:]))
+    return chains
+
+
+def trained_chain(chains: list[Chain]) -> Chain | None:
+    """The sequence an episode's row trains: the most sampled tokens, the latest on a tie."""
+    if not chains:
+        return None
+    return max(reversed(chains), key=lambda c: c.model_tokens)
+
+
+def other_sampling(record: CallRecord, params: SamplingParams) -> bool:
+    """Whether a call was sampled otherwise than the rollout samples (its log-probs then are not
+    the policy's at the rollout's temperature)."""
+    p = record.params
+    return (p.greedy, p.top_p, p.top_k) != (params.greedy, params.top_p, params.top_k) or \
+        (not p.greedy and p.temperature != params.temperature)
+
+
+def model_context(engine, tokenizer) -> int:
+    """The served model's context (positions), for the endpoint's length check."""
+    config = getattr(getattr(engine, "model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        return positions
+    length = getattr(tokenizer, "model_max_length", None)
+    return length if isinstance(length, int) and 0 < length < 10**7 else 2048
+
+
+_SERVING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rollout worker -> (endpoint, server)
+_SERVING_LOCK = threading.Lock()
+
+
+def serving(worker) -> tuple[AgentEndpoint, Server]:
+    """The worker's endpoint and its loopback server, started on first use and kept."""
+    with _SERVING_LOCK:
+        if worker not in _SERVING:
+            endpoint = AgentEndpoint(worker, model_context(worker.engine, worker.tokenizer))
+            server = Server(endpoint, "127.0.0.1", 0).start()
+            _SERVING[worker] = (endpoint, server)
+            weakref.finalize(worker, _stop, endpoint, server)
+        return _SERVING[worker]
+
+
+def _stop(endpoint: Endpoint, server: Server) -> None:
+    server.stop()
+    endpoint.close()
+
+
+@EPISODE_RUNNERS.register("agent", doc="an agent program's episodes through the OpenAI-compatible endpoint")
+class AgentEpisodes:
+    """Plays a rollout call's episodes as agent programs (see the module docstring)."""
+
+    def __init__(self, worker):
+        self.worker, self.env, self.tokenizer = worker, worker.env, worker.tokenizer
+
+    def run(self, examples: list[Example], prompts: list[list[int]], params: SamplingParams,
+            seeds: list[int] | None, version: int) -> Rollouts:
+        cfg = self.env.config.agent
+        endpoint, server = serving(self.worker)
+        endpoint.limits = dataclasses.replace(endpoint.limits, default_max_tokens=params.max_new_tokens)
+        program, nonce, n = self.env.make(), uuid.uuid4().hex[:12], params.n
+        sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
+                    "top_k": params.top_k, "max_tokens": params.max_new_tokens}
+        base = server.url.removesuffix("/v1")
+        keys, calls, tasks = [], {}, []
+        for k, (example, prompt) in enumerate(zip(examples, prompts, strict=True)):
+            for s in range(n):
+                key = f"{nonce}-{k}-{s}"
+                keys.append(key)
+                calls[key] = EpisodeCalls(version if cfg.pin_version else None)
+                seed = None if seeds is None or params.greedy else seeds[k]
+                tasks.append(task_of(example, prompt, seed, s, sampling))
+        endpoint.live.update(calls)
+        t = time.perf_counter()
+        try:
+            outcomes = run_calls([program.episode(f"{base}/episodes/{key}/v1", task, cfg.timeout)
+                                  for key, task in zip(keys, tasks, strict=True)],
+                                 program.wall_timeout(cfg.timeout), cfg.concurrency)
+        finally:
+            for key in keys:  # over: later calls (a program past its timeout) are refused
+                endpoint.live.pop(key, None)
+        seconds = time.perf_counter() - t
+        rows = [self._row(calls[key], outcome, prompts[i // n], params, cfg.on_failure)
+                for i, (key, outcome) in enumerate(zip(keys, outcomes, strict=True))]
+        return self._rollouts(rows, examples, n, version, seconds)
+
+    def _row(self, calls: EpisodeCalls, outcome, prompt: list[int], params: SamplingParams,
+             on_failure: str) -> dict:
+        records = list(calls.records)
+        chains = join_calls(records)
+        chain = trained_chain(chains)
+        failure, message = failure_of(outcome.error, outcome.timed_out), outcome.error
+        refused = [e for e in calls.refused if e.code == "policy_version_mismatch"]
+        if refused:  # what the program did after a refusal is its own: the refusal is why
+            failure, message = "stale_version", refused[0].message
+        elif calls.refused:
+            failure, message = "malformed", calls.refused[0].message
+        elif failure is None and not records:
+            failure, message = "no_call", "the agent called no model"
+        reward = None if failure is not None else outcome.value
+        counts = dict.fromkeys(COUNTS, 0)
+        counts.update({f"failed_{r}": int(failure == r) for r in FAILURES})
+        counts["calls"], counts["chains"] = len(records), len(chains)
+        counts["untrained_calls"] = len(records) - (len(chain.calls) if chain else 0)
+        counts["other_sampling"] = sum(other_sampling(r, params) for r in records)
+        counts["dropped"] = int(failure is not None and on_failure == "drop")
+        counts["given"] = int(reward is not None or (failure is not None and on_failure == "zero"))
+        if chain is None:  # nothing sampled: one masked id, so that the row exists and trains nothing
+            eos = self.tokenizer.eos_token_id
+            chain = Chain(list(prompt), [eos if eos is not None else 0], [0], [0.0])
+        decode = self.tokenizer.decode
+        turns = [Turn(decode(r.completion_ids, skip_special_tokens=True)) for r in chain.calls] or [Turn("")]
+        for j, ids in enumerate(chain.between):
+            turns[j] = dataclasses.replace(turns[j], observation=self.tokenizer.decode(ids))
+        if failure is not None:
+            turns[-1] = dataclasses.replace(turns[-1], error=f"agent failed ({failure}): {message}")
+        final = self.tokenizer.decode(records[-1].completion_ids, skip_special_tokens=True) if records else ""
+        truncated = bool(chain.calls) and chain.calls[-1].finish_reason == "length"
+        versions = [r.policy_version for r in records]
+        return {"chain": chain, "text": final, "truncated": truncated, "counts": counts, "turns": turns,
+                "reward": float(reward or 0.0), "failure": failure, "timed_out": failure == "timeout",
+                "versions": versions}
+
+    def _rollouts(self, rows: list[dict], examples: list[Example], n: int, version: int,
+                  seconds: float) -> Rollouts:
+        chains = [r["chain"] for r in rows]
+        logprobs = None
+        if all(c.logprobs is not None for c in chains):
+            logprobs = [torch.tensor(c.logprobs, dtype=torch.float32) for c in chains]
+        long = {name: torch.tensor([r["counts"][name] for r in rows], dtype=torch.long)
+                for name in (*COUNTS, *(f"failed_{f}" for f in FAILURES))}
+        zeros = torch.zeros(len(rows), dtype=torch.long)
+        failed = torch.tensor([r["failure"] is not None for r in rows], dtype=torch.long)
+        stats = EpisodeStats(environment=self.env.name, turns=[r["turns"] for r in rows], tool_calls=zeros,
+                             tool_errors=zeros.clone(), tool_timeouts=zeros.clone(),
+                             step_errors=failed,
+                             step_timeouts=torch.tensor([r["timed_out"] for r in rows], dtype=torch.long),
+                             reward=torch.tensor([r["reward"] for r in rows], dtype=torch.float32),
+                             seconds=seconds, agent=long)
+        served = [v for r in rows for v in r["versions"]]
+        return Rollouts(
+            prompt_ids=[c.prompt for c in chains],
+            completion_ids=[c.ids for c in chains],
+            texts=[r["text"] for r in rows],
+            group=torch.arange(len(examples)).repeat_interleave(n),
+            truncated=torch.tensor([r["truncated"] for r in rows], dtype=torch.bool),
+            examples=[e for e in examples for _ in range(n)],
+            sampler_logprobs=logprobs,
+            policy_version=min([version, *served]),
+            token_mask=[c.mask for c in chains],
+            episodes=stats,
+        )
