@@ -31,21 +31,23 @@ The verifier runs isolated (a worker process, `reward.timeout` per sample): some
 parse the answer with sympy, whose `parse_expr` evaluates Python, and model output is never
 evaluated in the training process.
 
-Problems are generated under a fixed string hash seed (`Generator`, docs/reasoning-gym.md): some
+Problems are generated under a fixed string hash seed (`Generator`, docs/reasoning-gym.md): five
 tasks iterate over sets of strings (ransom_note's letters, word lists), whose order follows the
-interpreter's hash seed, random per process unless PYTHONHASHSEED is set, so the same (task,
-seed, size, index) gave another problem in every process. The reward workers are fresh
-interpreters (`rewards.pool`: `python -m reasonrl.rewards.worker`), not forks of the process that
-wrote the prompt, so they scored against another problem's answer; a resumed run and a second
-run of one config drew other problems. Every entry the data source and the verifier read comes
-from a child interpreter started with PYTHONHASHSEED=0 (or from this one, when its hash seed is
-already 0), the same entries in every process. It costs one interpreter start and one import of
-reasoning-gym per process that generates (the data loader, each reward worker): 1.7 s on an idle
-2-core EPYC, 3-4 s with other jobs running, begun in the background by `start_generator` (the
-data loader, a reward worker's warmup) while this process imports reasoning-gym itself. The
-task's `score_answer` runs here, on the dataset built in this process and the entry from the
-child (bench/reasoning_gym_hash_seed.py checks that no task's score of its reference answer
-depends on the hash seed).
+interpreter's hash seed, random per process unless PYTHONHASHSEED is set, and list_functions draws
+from the global `random`, so the same (task, seed, size, index) gave another problem in every
+process. The reward workers are fresh interpreters (`rewards.pool`: `python -m
+reasonrl.rewards.worker`), not forks of the process that wrote the prompt, so they rebuilt another
+problem (with another answer for polynomial_multiplication, word_ladder, knight_swap,
+list_functions); a resumed run and a second run of one config drew other problems. Every entry the
+data source and the verifier read comes from a child interpreter started with PYTHONHASHSEED=0
+(or from this one, when its hash seed is already 0), the global `random` seeded per problem: the
+same entries in every process. It costs one interpreter start and one import of reasoning-gym per
+process that generates (the data loader, each reward worker, during its warmup): 1.4-1.9 s to the
+first problem with the 2-core EPYC at load 5 (11-15 s at load 19); loading configs/reasoning_gym.yaml's
+1,050 problems took 4.8 s against 1.8 s in-process. The child then idles (120 MB) until the process
+ends. The task's `score_answer` runs here, on the dataset built in this process and the entry from
+the child (bench/reasoning_gym_hash_seed.py: no task's score of its reference answers depends on
+the hash seed).
 """
 
 from __future__ import annotations
