@@ -6,22 +6,26 @@ stage and the old log-probs of a multi-update step, where each computed its own 
     python bench/logprobs_stage.py --steps 6 --repeats 2 --before <commit>
 
 Each configuration is run for `--steps` steps on the embedded tiny model (model.path=tiny, random
-weights, 49k vocabulary: the LM head is most of its forward; the teacher is tiny too), once with
-the code of `--before` (a `git worktree` of that commit, default: the parent of the commit that
-added `logprobs_stage`) and once with this tree, alternating, each a fresh `reasonrl train`
-process on the same machine. Printed: the machine and its load average around each run; per
-configuration and tree, the median over the steps after the first of `time/step` and of the
-stages that run a forward (`time/logprobs`, `time/reference`, `time/teacher`, `time/values`,
-`time/update`); the policy's forwards without gradient per step each tree runs.
+weights, 49k vocabulary: the LM head is most of its forward; the teacher is tiny too) with one
+thread (trainer.threads=1), once with the code of `--before` (a `git worktree` of that commit,
+default: the parent of the commit that added `logprobs_stage`) and once with this tree,
+alternating, each in a fresh process that builds the `Trainer` and calls `Trainer.step` in a loop
+(no held-out eval). Printed: the machine and its load average around each run; per configuration
+and tree, the medians over the steps after the first of the step's CPU seconds (the process's:
+what a shared, loaded machine changes least), its wall-clock seconds and the wall-clock seconds
+of the stages that run a forward (`time/logprobs`, `time/reference`, `time/teacher`,
+`time/values`, `time/update`), the least over `--repeats`; and the policy's forwards without
+gradient per step each tree runs (by construction: tests/train/test_logprobs_stage.py counts them).
 
 - `verl_countdown`: configs/recipes/verl_countdown.yaml (KL in the reward, k1; two mini-batches)
   on seeded Countdown problems (data.task=countdown: the recipe's TinyZero files are not needed),
-  40 samples (8 prompts x 5) of at most 64 tokens: before, token_kl's forward and the old log-probs'
-  forward; after, one.
+  20 samples (4 prompts x 5) of at most 48 tokens: before, token_kl's forward and the old
+  log-probs' forward; after, one.
 - `distill`: configs/distill.yaml with teacher.path=tiny (one update: the student's forward moves
   from `teacher` to `logprobs`, none is saved); `distill_epochs2`: the same with
   optim.ppo_epochs=2 (before: the student's forward and the old log-probs' forward; after, one).
-- `ppo`: configs/ppo.yaml (critic, one update: no forward without gradient to share; unchanged).
+- `ppo`: configs/ppo.yaml with critic.warmup_steps=1 (every timed step updates the policy; one
+  update: no forward without gradient to share, unchanged).
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["model.path=tiny", "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false",
-        "tracking.report=false", "trainer.epochs=0"]
+        "tracking.report=false", "trainer.epochs=0", "trainer.threads=1"]
 CONFIGS = {
     "verl_countdown": ("configs/recipes/verl_countdown.yaml",
-                       ["data.task=countdown", "data.train_path=", "data.val_path=", "trainer.batch_size=40",
-                        "rollout.max_new_tokens=64"], "1 where it was 2"),
+                       ["data.task=countdown", "data.train_path=", "data.val_path=", "trainer.batch_size=20",
+                        "rollout.max_new_tokens=48"], "1 where it was 2"),
     "distill": ("configs/distill.yaml", ["teacher.path=tiny"], "1 where it was 1"),
     "distill_epochs2": ("configs/distill.yaml", ["teacher.path=tiny", "optim.ppo_epochs=2"],
                         "1 where it was 2"),
@@ -69,21 +73,43 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+DRIVER = """
+import json, sys, time
+from reasonrl.config import load_config
+from reasonrl.train.trainer import Trainer
+config, overrides, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+trainer = Trainer(load_config(config, overrides))
+rows = []
+try:
+    for _ in range(steps):
+        cpu, wall = time.process_time(), time.perf_counter()
+        metrics = trainer.step()[0]
+        rows.append({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
+                     **{k: v for k, v in metrics.items() if k.startswith("time/")}})
+finally:
+    trainer.workers.close()
+print("ROWS " + json.dumps(rows))
+"""
+
+
 def run(tree: Path, name: str, steps: int, out: Path) -> dict[str, float]:
-    """One `reasonrl train` of configuration `name` with `tree`'s code: the medians over the
-    steps after the first of time/step and of each stage in STAGES it logged."""
+    """`steps` steps of configuration `name` with `tree`'s code, in a process of their own
+    (`Trainer.step` called in a loop: no held-out eval, nothing but the steps timed): the
+    medians over the steps after the first of the step's CPU seconds (the process's, all its
+    threads), its wall-clock seconds and each stage in STAGES it logged (wall-clock)."""
     config, overrides, _ = CONFIGS[name]
-    run_name = f"{name}-{tree.name}-{time.monotonic_ns()}"
-    args = [sys.executable, "-m", "reasonrl.cli", "train", str(tree / config), *TINY, *overrides,
-            f"trainer.steps={steps}", f"trainer.output_dir={out}", f"trainer.run_name={run_name}"]
+    overrides = [*TINY, *overrides, f"trainer.steps={steps}", f"trainer.output_dir={out}",
+                 f"trainer.run_name={name}-{tree.name}-{time.monotonic_ns()}"]
+    args = [sys.executable, "-c", DRIVER, str(tree / config), json.dumps(overrides), str(steps)]
     proc = subprocess.run(args, cwd=tree, env={**ENV, "PYTHONPATH": str(tree)}, capture_output=True,
                           text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
         raise SystemExit(f"[logprobs_stage] {name} with {tree} failed with status {proc.returncode}")
-    rows = [json.loads(x) for x in (out / run_name / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/step" in r][1:]  # the first step warms up
-    found = {"step": statistics.median(r["time/step"] for r in rows)}
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))
+    rows = json.loads(line.removeprefix("ROWS "))[1:]  # the first step warms up
+    found = {"cpu": statistics.median(r["cpu"] for r in rows),
+             "step": statistics.median(r["wall"] for r in rows)}
     for stage in STAGES:
         if any(f"time/{stage}" in r for r in rows):
             found[stage] = statistics.median(r.get(f"time/{stage}", 0.0) for r in rows)
@@ -115,25 +141,28 @@ def main() -> None:
                         t = time.perf_counter()
                         found = run(tree, name, opts.steps, Path(tmp) / "runs")
                         results.setdefault((name, label), []).append(found)
-                        print(f"[logprobs_stage] {name:16s} {label:6s} {found['step']:.3f} s/step "
+                        print(f"[logprobs_stage] {name:16s} {label:6s} {found['cpu']:.3f} CPU s/step, "
+                              f"{found['step']:.3f} s/step "
                               f"(process {time.perf_counter() - t:.0f} s; load average {load()})", flush=True)
         finally:
             git("worktree", "remove", "--force", str(before))
     print()
-    print("| config | forwards w/o grad per step | tree | s/step | "
+    print("| config | policy forwards w/o grad per step | tree | CPU s/step | s/step | "
           + " | ".join(f"time/{s}" for s in STAGES) + " |")
-    print("|---|---|---|---|" + "---|" * len(STAGES))
+    print("|---|---|---|---|---|" + "---|" * len(STAGES))
     for name in opts.configs:
-        base = None
+        base: dict[str, float] = {}
         for label in ("before", "after"):
             runs = results[(name, label)]
-            mean = {k: statistics.fmean(r.get(k, 0.0) for r in runs) for k in ["step", *STAGES]}
+            best = {k: min(r.get(k, 0.0) for r in runs) for k in ["cpu", "step", *STAGES]}
             shown = {k: any(k in r for r in runs) for k in STAGES}
-            change = "" if base is None else f" ({100 * (mean['step'] / base - 1):+.1f} %)"
-            base = mean["step"] if base is None else base
-            cells = [f"{mean[k]:.3f}" if shown[k] else "-" for k in STAGES]
+            change = {k: "" if not base else f" ({100 * (best[k] / base[k] - 1):+.0f} %)"
+                      for k in ("cpu", "step")}
+            base = base or best
+            cells = [f"{best[k]:.3f}" if shown[k] else "-" for k in STAGES]
             print(f"| {name} | {CONFIGS[name][2] if label == 'after' else ''} | {label} | "
-                  f"{mean['step']:.3f}{change} | " + " | ".join(cells) + " |")
+                  f"{best['cpu']:.3f}{change['cpu']} | {best['step']:.3f}{change['step']} | "
+                  + " | ".join(cells) + " |")
     print(f"\n[logprobs_stage] load average at the end {load()}")
 
 
