@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from helpers import policy_settings
+from helpers import needs_peft, policy_settings
 
 from reasonrl.algo import kl_estimate
 from reasonrl.batch import TrainBatch
@@ -128,3 +128,32 @@ def test_one_update_reads_no_old_log_probs(base_model):
     a = plain.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, KEEP))
     b = given.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, KEEP, old_logprobs=shifted))
     assert a == b and a["train/ratio_max"] == 1.0
+
+
+@needs_peft
+def test_a_lora_policy_reads_the_stage_alike(base_model):
+    """LoRA (the reference: the adapter switched off, the same modules): the KL in the reward and
+    the old log-probs of a two-epoch update from the stage are bitwise those of their own forwards."""
+    from reasonrl.policy.lora import apply_lora
+
+    def lora_worker() -> PolicyWorker:
+        model = apply_lora(copy.deepcopy(base_model), 4, 8.0, 0.0, ["q_proj", "v_proj"], seed=0)
+        with torch.no_grad():  # B = 0 would make the policy its reference
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.01 * torch.sin(torch.arange(p.numel(), dtype=p.dtype)).view_as(p))
+        return PolicyWorker(model, 0, policy_settings(micro_batch_size=3, beta=0.05, kl_in="reward",
+                                                      ppo_epochs=2, lr=1e-3))
+
+    alone, staged = lora_worker(), lora_worker()
+    ref = staged.reference_logprobs(PROMPTS, COMPLETIONS)
+    expected = forward_token_kl(staged, ref)
+    found = staged.token_kl(PROMPTS, COMPLETIONS, ref, staged.logprobs(PROMPTS, COMPLETIONS))
+    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))
+    assert max(k.abs().max().item() for k in found) > 0
+    old = staged.logprobs(PROMPTS, COMPLETIONS, KEEP)
+    a = alone.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, KEEP))
+    b = staged.train_step(TrainBatch(PROMPTS, COMPLETIONS, ADVANTAGES, KEEP, old_logprobs=old))
+    assert a == b and a["train/updates"] == 2
+    for p, q in zip(alone.model.parameters(), staged.model.parameters(), strict=True):
+        assert torch.equal(p, q)
