@@ -97,12 +97,14 @@ def test_one_forward_serves_the_kl_in_the_reward_the_teacher_and_the_old_log_pro
     assert "train/kl_in_reward" in metrics and "distill/reverse_kl" in metrics  # all three consumers ran
 
 
-def test_each_consumer_reads_what_it_computed_itself(tmp_path, monkeypatch):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["on-policy", "max_staleness=1"])
+def test_each_consumer_reads_what_it_computed_itself(tmp_path, monkeypatch, staleness):
     """With rows out of the loss mask (the two layouts differ): the KL in the reward is bitwise
     `token_kl`'s own forward's (every row), the teacher's student side and the update's old
     log-probs are bitwise the forward of the trained rows alone that each ran before, all from
-    the policy before its update."""
-    trainer = Trainer(smoke_cfg(tmp_path, "r", *ALL_THREE))
+    the policy now, before its update (asynchronous: not the version that sampled the batch)."""
+    trainer = Trainer(smoke_cfg(tmp_path, "r", *ALL_THREE, f"trainer.max_staleness={staleness}",
+                                "trainer.steps=2"))
     policy = trainer.policy
     seen: dict[str, bool] = {}
 
@@ -146,8 +148,12 @@ def test_each_consumer_reads_what_it_computed_itself(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_module, "teacher_stage", checked_teacher)
     monkeypatch.setattr(policy, "train_step", checked_update)
     leave_rows_out(monkeypatch, trainer, [1, 2, 5])
+    found = []
     try:
-        trainer.step()
+        for _ in range(2):  # the second step's batch: from version 0 with staleness, the policy is at 1
+            trainer.step()
+            found.append(dict(seen))
     finally:
+        trainer.source.close()
         trainer.workers.close()
-    assert seen == {"kl": True, "teacher": True, "old": True}
+    assert found == [{"kl": True, "teacher": True, "old": True}] * 2
