@@ -1,9 +1,10 @@
 """The teacher of on-policy distillation (`teacher.path`, docs/teachers.md): a fixed model that
 scores the student's samples, token by token.
 
-`TeacherWorker` holds the teacher model. It is never trained and never given a weight sync:
-scoring is its one job (`logprobs`: each completion's token log-probs under the teacher), done
-with the policy's own forward code (`reasonrl.policy.forward`: micro-batches cut by rows and the
+`TeacherWorker` holds the teacher model: a `reasonrl.policy.frozen.FrozenModel`, the kind of
+worker the reference model is too. It is never trained and never given a weight sync: scoring is
+its one job (`logprobs`: each completion's token log-probs under the teacher), done with the
+policy's own forward code (`reasonrl.policy.forward`: micro-batches cut by rows and the
 token budget, a GRPO group's prompt run once, the chunked LM head), laid out as the policy lays out
 its rows (`optim.micro_batch_size`, `optim.max_tokens_per_micro_batch`, `optim.share_prompt`),
 with the policy's kernels (`optim.lean_kernels`), in the run's compute precision (`model.precision`:
@@ -23,18 +24,17 @@ al. 2024) and TRL's GOLD trainer do): not built.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-
-import torch
 
 from reasonrl.accel import TrainingAccel
 from reasonrl.config import Config
 from reasonrl.errors import ConfigError, ModelLoadError
 from reasonrl.policy.budget import token_budget
-from reasonrl.policy.forward import completion_logprobs, make_micro_batches, per_row
+from reasonrl.policy.forward import make_micro_batches
+from reasonrl.policy.frozen import FrozenModel
 from reasonrl.policy.model import load_model_and_tokenizer, load_tokenizer
 from reasonrl.policy.precision import cast_for_compute, load_dtype
-from reasonrl.weights import weights_checksum
 
 EMBEDDED = "embedded"  # teacher.path for the embedded default model ("" is: no teacher)
 
@@ -58,8 +58,9 @@ class TeacherSettings:
                    cfg.model.precision)
 
 
-class TeacherWorker:
-    """The teacher model and the one forward the trainer asks of it (see the module docstring)."""
+class TeacherWorker(FrozenModel):
+    """The teacher model and the one forward the trainer asks of it, `logprobs` (see the module
+    docstring)."""
 
     @classmethod
     def from_config(cls, cfg: Config, host) -> TeacherWorker:
@@ -73,30 +74,19 @@ class TeacherWorker:
         model.requires_grad_(False)
         self.accel = TrainingAccel(model, kernels=settings.lean_kernels)  # the policy's forward kernels
         model.eval()
-        self.model, self.pad_id, self.settings = model, pad_id, settings
-        self.device = next(model.parameters()).device
-        self.max_tokens = token_budget(model, self.device, settings.max_tokens_per_micro_batch)
+        self.pad_id, self.settings = pad_id, settings
+        device = next(model.parameters()).device
+        self.max_tokens = token_budget(model, device, settings.max_tokens_per_micro_batch)
+        # its micro-batches: the policy's function and settings, its own token budget
+        layout = functools.partial(_layout, settings, pad_id, self.max_tokens)
+        super().__init__(model, layout, device, settings.temperature)
 
-    @torch.no_grad()
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Each completion's token log-probs under the teacher (float32, on the CPU), one
-        unpadded tensor per row: log pi_t(y_t | prompt, y_<t) at rollout.temperature."""
-        if not prompt_ids:
-            return []
-        s = self.settings
-        batches = make_micro_batches(prompt_ids, completion_ids, s.micro_batch_size, self.pad_id,
-                                     s.share_prompt, None, self.max_tokens)
-        rows = per_row(batches, completion_ids, self.device,
-                       lambda mb: completion_logprobs(self.model, mb, s.temperature)[0])
-        return [row.float().cpu() for row in rows]
 
-    def weights_checksum(self) -> float:
-        """`reasonrl.weights.weights_checksum` of the teacher's weights: the same all run long
-        (nothing trains it or syncs to it)."""
-        return weights_checksum(self.model.named_parameters())
-
-    def close(self) -> None:
-        """Nothing to free beyond the object's own memory."""
+def _layout(s: TeacherSettings, pad_id: int, max_tokens: int, prompt_ids: list[list[int]],
+            completion_ids: list[list[int]]):
+    """The teacher's micro-batches of these rows (`make_micro_batches`, as the policy cuts them)."""
+    return make_micro_batches(prompt_ids, completion_ids, s.micro_batch_size, pad_id, s.share_prompt, None,
+                              max_tokens)
 
 
 def teacher_source(path: str) -> str:

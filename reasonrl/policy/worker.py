@@ -1,5 +1,6 @@
 """The policy worker: holds the trainable model (and the reference model when beta > 0 or
-`log_kl`), computes completion log-probs, and turns one `TrainBatch` into optimizer steps.
+`log_kl`: the reference role, a `reasonrl.policy.frozen.FrozenModel` served within this worker),
+computes completion log-probs, and turns one `TrainBatch` into optimizer steps.
 
 It knows nothing about rollouts, rewards or where it runs; the trainer hands it token
 ids and advantages. Its training is its `Learner` (`reasonrl.policy.learner`, shared with
@@ -26,6 +27,7 @@ from reasonrl.config import AlgoConfig, Config, OptimConfig
 from reasonrl.errors import ConfigError
 from reasonrl.policy import lora
 from reasonrl.policy.forward import MicroBatch, completion_logprobs, pad_like, per_row, pick
+from reasonrl.policy.frozen import FrozenModel, rows_logprobs
 from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights
 from reasonrl.registry import POLICY_LOSSES
 from reasonrl.weights import plan_buckets, reference_logprobs, weights_checksum
@@ -94,9 +96,19 @@ class PolicyWorker:
         self.model, self.pad_id, self.settings = model, pad_id, settings
         self.algo, self.optim, self.losses = a, settings.optim, LossSettings.of(a)
         self.device = self.learner.device  # micro-batches go where the weights compute
-        self.ref_model = ref_model  # given by a data-parallel rank (sharded like the model)
-        if ref_model is None and (a.beta > 0 or a.log_kl):  # only then is it worth its memory
-            self.ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
+        # the reference role (`reasonrl.policy.frozen`): `ref_model` given by a data-parallel rank
+        # (sharded like the model); else taken now, after the learner cast the model to the run's
+        # compute precision, and only when it is worth its memory. It lays out its rows as the
+        # learner does (`micro_batches`), so the update reads its own values bitwise.
+        if ref_model is None and (a.beta > 0 or a.log_kl):
+            ref_model = lora.reference_model(model)  # LoRA: the adapter switched off; else a copy
+        self.reference = (None if ref_model is None
+                          else FrozenModel(ref_model, self.micro_batches, self.device, settings.temperature))
+
+    @property
+    def ref_model(self):
+        """The reference model (None: the run has none)."""
+        return None if self.reference is None else self.reference.model
 
     def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
@@ -112,18 +124,6 @@ class PolicyWorker:
                        lambda mb: completion_logprobs(model, mb, self.settings.temperature)[0])
 
     @torch.no_grad()
-    def _rows_logprobs(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                       rows: torch.Tensor | None) -> list[torch.Tensor]:
-        """`row_logprobs` of `rows` ([N] bool; None: all) alone, in the micro-batches of exactly
-        those rows, on the CPU; the other rows come back empty."""
-        keep = [i for i in range(len(prompt_ids)) if rows is None or rows[i]]
-        found = self.row_logprobs(model, pick(prompt_ids, keep), pick(completion_ids, keep))
-        out = [torch.zeros(0)] * len(prompt_ids)
-        for i, logp in zip(keep, found, strict=True):
-            out[i] = logp.cpu()
-        return out
-
-    @torch.no_grad()
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                  rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each completion's token log-probs under the policy now (float32, on the CPU), one
@@ -132,7 +132,8 @@ class PolicyWorker:
         update's old log-probs (`TrainBatch.old_logprobs`). `rows` [N] bool: only those rows, in
         micro-batches of exactly those rows as the update lays them out, so that its old
         log-probs are bitwise what it would compute itself; the other rows come back empty."""
-        return [row.float() for row in self._rows_logprobs(self.model, prompt_ids, completion_ids, rows)]
+        return rows_logprobs(self.model, self.micro_batches, self.device, self.settings.temperature,
+                             prompt_ids, completion_ids, rows)
 
     @torch.no_grad()
     def row_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -146,13 +147,14 @@ class PolicyWorker:
     def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                            rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The reference model's token log-probs of each completion, one unpadded CPU tensor per
-        row: the step's reference stage, run once, read by the KL in the reward (`token_kl`) and
-        by the update's KL term (`TrainBatch.ref_logprobs`). `rows` [N] bool: only those rows,
-        in micro-batches of exactly those rows as the update lays them out, so that its KL term
-        is bitwise what it would compute itself; the other rows come back empty."""
-        if self.ref_model is None:
+        row: the step's reference stage (the reference role, `reasonrl.policy.frozen.ReferenceOf`),
+        run once, read by the KL in the reward (`token_kl`) and by the update's KL term
+        (`TrainBatch.ref_logprobs`). `rows` [N] bool: only those rows, in micro-batches of exactly
+        those rows as the update lays them out, so that its KL term is bitwise what it would
+        compute itself; the other rows come back empty."""
+        if self.reference is None:
             raise RuntimeError("reference_logprobs needs a reference model (algo.beta > 0 or algo.log_kl)")
-        return self._rows_logprobs(self.ref_model, prompt_ids, completion_ids, rows)
+        return self.reference.logprobs(prompt_ids, completion_ids, rows)
 
     @torch.no_grad()
     def token_kl(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -204,7 +206,7 @@ class PolicyWorker:
         if rows and self.optim.ppo_epochs * self.optim.mini_batches > 1:  # the stage's, else alike
             old_logp = (pick(batch.old_logprobs, rows) if batch.old_logprobs is not None
                         else self.row_logprobs(self.model, prompt_ids, completion_ids))
-        if rows and self.ref_model is not None:  # the reference stage's, else computed here alike
+        if rows and self.reference is not None:  # the reference stage's, else computed here alike
             ref_logp = (pick(batch.ref_logprobs, rows) if batch.ref_logprobs is not None
                         else self.reference_logprobs(prompt_ids, completion_ids))
 
