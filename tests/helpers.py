@@ -81,12 +81,18 @@ def score_recipe_cases(recipe: Path, cases: list[tuple], data_source: str = "gsm
     return score_examples([completion for _, completion, _, _ in cases], examples, cfg)
 
 
-def patch_entry(monkeypatch, registry, name: str, fn, **info) -> None:
-    """Select `fn` by `name` in `registry` for one test (undone by monkeypatch)."""
-    from reasonrl.registry import Entry
+def patch_entry(monkeypatch, registry, name: str, fn, **fields) -> None:
+    """Select `fn` by `name` in `registry` for one test (undone by monkeypatch). `fields`: the
+    entry's fields (the registry's `kind`); those not given are the replaced entry's, if any
+    (`dataclasses.replace`)."""
+    import dataclasses
 
     registry.names()  # fill it first, so the patch is not overwritten by the first lookup
-    monkeypatch.setitem(registry._entries, name, Entry(name, fn, info))
+    if name in registry:
+        entry = dataclasses.replace(registry[name], fn=fn, **fields)
+    else:
+        entry = registry.entry(name, fn, **fields)
+    monkeypatch.setitem(registry._entries, name, entry)
 
 
 def spy_on(engine):

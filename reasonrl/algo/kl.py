@@ -63,7 +63,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
 
 def kl_clamped(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """[..., T] bool: the tokens whose log-ratio `estimator` clamped (none for an unbounded one)."""
-    if not KL_ESTIMATORS[estimator].info.get("bounded", False):
+    if not KL_ESTIMATORS[estimator].bounded:
         return torch.zeros_like(logp, dtype=torch.bool)
     return clamp_log_ratio(ref_logp.detach() - logp.detach(), TOKEN_BOUNDS)[1]
 

@@ -123,7 +123,7 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         diff = (engine_logp - old_logp).abs()
         metrics["logprob_diff_mean"] = Metric(token_share(diff, mask, totals))
         metrics["logprob_diff_max"] = Metric((diff * mask).max().item(), "max")
-        if not IMPORTANCE_CORRECTIONS[s.importance_correction].info.get("off", False):
+        if not IMPORTANCE_CORRECTIONS[s.importance_correction].off:
             weight, is_stats = importance_weights(old_logp, engine_logp, mask, s)
             per_token = per_token * weight
             metrics.update({name: Metric(token_share(x, mask, totals)) for name, x in is_stats.items()})

@@ -53,7 +53,7 @@ def bounded_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Te
     `RATIO_LEVELS` entry), clamped to the entry's `bounds`; [N, T] bool: where it was clamped).
     The one place a policy loss's log-ratio is bounded (`reasonrl.algo.bounds`)."""
     entry = RATIO_LEVELS[level]
-    return clamp_log_ratio(entry.fn(logp, old_logp, mask), entry.info["bounds"])
+    return clamp_log_ratio(entry.fn(logp, old_logp, mask), entry.bounds)
 
 
 def log_importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | None,

@@ -143,7 +143,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
 
     seed = cfg.trainer.seed
     if data is None:
-        if not DATA_TASKS[cfg.data.task].info["generated"]:  # only the held-out files: no training set needed
+        if not DATA_TASKS[cfg.data.task].generated:  # only the held-out files: no training set needed
             if not cfg.data.val_path:
                 raise DataError("the config has no held-out set (data.val_path is empty): pass --data FILE")
             d = cfg.data
@@ -155,7 +155,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
                 raise DataError(f"data.task={cfg.data.task} has no held-out set: pass --data FILE")
         what = f"held-out set of data.task={cfg.data.task}"
         what += f" ({cfg.data.val_path})" if cfg.data.val_path else ""
-    elif data in DATA_TASKS and DATA_TASKS[data].info["generated"]:
+    elif data in DATA_TASKS and DATA_TASKS[data].generated:
         d = dataclasses.replace(cfg.data, task=data, val_size=0)
         examples = load_examples(d, seed)[1]
         what = f"{data} held-out split (seed {seed})"
@@ -164,7 +164,7 @@ def load_eval_examples(cfg: Config, data: str | None, limit: int = 0) -> tuple[l
         examples = load_files(data, d.fields, d.val_subset, d.val_split, d.format, prompt_budget(d))
         what = data
     else:
-        generated = [e.name for e in DATA_TASKS if e.info["generated"]]
+        generated = [e.name for e in DATA_TASKS if e.generated]
         raise DataError(f"--data {data}: no such file, and not a built-in task ({', '.join(generated)})")
     if limit:
         examples = take_per_source(examples, limit)

@@ -108,7 +108,7 @@ def serve_command(args: argparse.Namespace) -> int:
                                                 seed=cfg.trainer.seed, revision=cfg.model.revision)
     model = cast_for_compute(model.to(resolve_device(cfg.placement.device)), cfg.model.precision).eval()
     context = positions[0] if positions else int(getattr(model.config, "max_position_embeddings", 2048))
-    engine_limit, _ = ENGINES[cfg.rollout.engine].info["max_model_len"](cfg.rollout)
+    engine_limit, _ = ENGINES[cfg.rollout.engine].max_model_len(cfg.rollout)
     if engine_limit:
         context = min(context, engine_limit)
     engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)

@@ -51,7 +51,7 @@ def tool_command(args: argparse.Namespace) -> int:
               "sandbox": args.sandbox}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     mode = "parse (no code runs)"
-    if TOOLS[args.name].info.get("sandboxed"):  # probed before the call: its seconds are its own
+    if TOOLS[args.name].sandboxed:  # probed before the call: its seconds are its own
         try:
             mode = sandbox_plan(limits.sandbox, limits.uid, limits.python).mode
         except SandboxError:  # the observation's error says why

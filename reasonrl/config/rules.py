@@ -59,7 +59,7 @@ def model_rules(cfg: Config) -> None:
 
 def data_rules(cfg: Config) -> None:
     d = cfg.data
-    if not DATA_TASKS[d.task].info["generated"]:
+    if not DATA_TASKS[d.task].generated:
         need(bool(d.train_path), f"data.train_path: required when data.task={d.task}")
     cd, ar = d.countdown, d.arithmetic
     need(cd.min_numbers <= cd.max_numbers, "data.countdown: need 2 <= min_numbers <= max_numbers <= 6")
@@ -72,12 +72,12 @@ def data_rules(cfg: Config) -> None:
 
 def rollout_rules(cfg: Config) -> None:
     r, a, pl = cfg.rollout, cfg.algo, cfg.placement
-    singles = ", ".join(e.name for e in ADVANTAGES if not e.info["needs_groups"])
-    need(not ADVANTAGES[a.advantage].info["needs_groups"] or r.n >= 2,
+    singles = ", ".join(e.name for e in ADVANTAGES if not e.needs_groups)
+    need(not ADVANTAGES[a.advantage].needs_groups or r.n >= 2,
          f"rollout.n: group advantages ({a.advantage}) need n >= 2 samples per prompt, got {r.n}; "
          f"advantages that work with n = 1: {singles}")
     tp = r.vllm.tensor_parallel_size
-    need(tp == 1 or ENGINES[r.engine].info["tensor_parallel"],
+    need(tp == 1 or ENGINES[r.engine].tensor_parallel,
          f"rollout.vllm.tensor_parallel_size: {tp} is vLLM's; rollout.engine={r.engine} runs on one device")
     need(tp == 1 or pl.mode == "local" or pl.rollout.num_gpus == tp,
          f"rollout.vllm.tensor_parallel_size: {tp} GPUs per engine need placement.rollout.num_gpus={tp} "
@@ -183,7 +183,7 @@ def reward_model_rules(cfg: Config) -> None:
     """reward.model: set only when reward.weights names the one component it scores (`judge` or
     `classifier`); a template with known fields; two distinct verdicts."""
     rw, m, default = cfg.reward, cfg.reward.model, RewardModelConfig()
-    models = [k for k in rw.weights if k in REWARD_COMPONENTS and REWARD_COMPONENTS[k].info.get("model")]
+    models = [k for k in rw.weights if k in REWARD_COMPONENTS and REWARD_COMPONENTS[k].model]
     if not models:
         changed = [f"reward.model.{f.name}" for f in dataclasses.fields(m)
                    if getattr(m, f.name) != getattr(default, f.name)]
@@ -214,8 +214,8 @@ def algo_rules(cfg: Config) -> None:
     need(a.overlong_buffer < r.max_new_tokens,
          f"algo.overlong_buffer: must be in [0, rollout.max_new_tokens={r.max_new_tokens}), "
          f"got {a.overlong_buffer}")
-    with_logprobs = [e.name for e in ENGINES if e.info["logprobs"]]
-    need(IMPORTANCE_CORRECTIONS[a.importance_correction].info.get("off", False) or r.engine in with_logprobs,
+    with_logprobs = [e.name for e in ENGINES if e.logprobs]
+    need(IMPORTANCE_CORRECTIONS[a.importance_correction].off or r.engine in with_logprobs,
          f"algo.importance_correction={a.importance_correction}: needs the sampler's log-probs, which "
          f"rollout.engine={r.engine} does not report; engines that do: {', '.join(with_logprobs) or 'none'}")
     need(a.importance_correction != "mis" or a.importance_floor < a.importance_cap,
@@ -410,7 +410,7 @@ def check_context(cfg: Config, positions: int, source: str, model: str = "the mo
     (data.truncate_prompts), so once this passes every prompt and its completion fit."""
     r, d = cfg.rollout, cfg.data
     limit, what = positions, f"{model}'s context of {positions} positions ({source})"
-    engine_limit, key = ENGINES[r.engine].info["max_model_len"](r)  # an engine's own limit, if set lower
+    engine_limit, key = ENGINES[r.engine].max_model_len(r)  # an engine's own limit, if set lower
     if 0 < engine_limit < positions:
         limit, what = engine_limit, f"{key}={engine_limit} ({what})"
     budgets = [("rollout.max_new_tokens", r.max_new_tokens)]

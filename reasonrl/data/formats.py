@@ -140,7 +140,7 @@ def fitting_formats(record: dict) -> list[str]:
     """The `data.format` values whose fields `record` has, in the registry's order; "" (no
     format) when it is already in reasonrl's own layout: `prompt` or `messages`, and
     `ground_truth` or verl's `reward_model.ground_truth` (what `reasonrl data prepare` writes)."""
-    fits = [e.name for e in DATA_FORMATS if all(k in record for k in e.info["fields"])]
+    fits = [e.name for e in DATA_FORMATS if all(k in record for k in e.fields)]
     truth = "ground_truth" in record or isinstance(record.get("reward_model"), dict) and \
         "ground_truth" in record["reward_model"]
     if ("prompt" in record or "messages" in record) and truth:
@@ -153,7 +153,7 @@ def format_hint(record: dict) -> str:
     that would fit it (from its keys), or, when none does, `data.fields`."""
     fits = fitting_formats(record)
     if not fits:
-        known = "; ".join(f"{e.name}: {', '.join(e.info['fields'])}" for e in DATA_FORMATS)
+        known = "; ".join(f"{e.name}: {', '.join(e.fields)}" for e in DATA_FORMATS)
         return (f"no known layout fits it (reasonrl's: prompt, ground_truth; {known}): name its fields "
                 "with data.fields, e.g. data.fields={prompt: question, ground_truth: answer}")
     named = [f"data.format={f}" if f else "data.format= (empty: reasonrl's own layout, as `reasonrl data "
@@ -166,7 +166,7 @@ def format_mismatch(record: object, where: str, fmt: str) -> str | None:
     record (file:line), the missing field, the fields it has, and the fix (`format_hint`)."""
     if not isinstance(record, dict):
         return None  # the converter says what is wrong with it
-    fields = DATA_FORMATS[fmt].info["fields"]
+    fields = DATA_FORMATS[fmt].fields
     missing = [k for k in fields if k not in record]
     if not missing:
         return None

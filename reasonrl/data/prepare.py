@@ -47,7 +47,7 @@ def convert(fmt: str, path: str | Path, instruction: str | None = None, limit: i
     Countdown's `skip` / `limit` take TinyZero's splits: train = the first 327680, test = the
     1024 after them."""
     entry = DATA_FORMATS[fmt]
-    instruction = entry.info["instruction"] if instruction is None else instruction
+    instruction = entry.instruction if instruction is None else instruction
     return [entry.fn(raw, where, index, instruction, template)
             for index, where, raw in _window(path, skip, limit)]
 

@@ -76,7 +76,7 @@ def system_prompt_for(cfg: DataConfig) -> str:
     GSM8K file is not told to answer like a calculator)."""
     if cfg.system_prompt != "auto":
         return cfg.system_prompt
-    return DATA_TASKS[cfg.task].info.get("system_prompt", "")
+    return DATA_TASKS[cfg.task].system_prompt
 
 
 def load_examples(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:

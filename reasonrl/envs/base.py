@@ -221,11 +221,11 @@ def detect_format(cls: type, target: str) -> tuple[str, str]:
     protocol; and, for the latter, the line saying why no other style fits (its methods, each
     style's needs), for the error should it not be this protocol's either."""
     for entry in ENV_FORMATS:
-        if entry.info["detect"] is not None and entry.info["detect"](cls):
+        if entry.detect is not None and entry.detect(cls):
             return entry.name, ""
     has = ", ".join(public_methods(cls)) or "no public method"
-    needs = "; ".join(f"{e.name} needs {e.info['needs']}" for e in ENV_FORMATS
-                      if e.name != "reasonrl" and e.info.get("needs"))  # not a class: agent
+    needs = "; ".join(f"{e.name} needs {e.needs}" for e in ENV_FORMATS
+                      if e.name != "reasonrl" and e.needs)  # not a class: agent
     return "reasonrl", f"; nor does it match another style (env.format): it has {has}; {needs}"
 
 
@@ -251,8 +251,8 @@ def environment_spec(cfg: EnvConfig) -> EnvSpec | None:
     if cfg.name == "none":
         return None
     entry = ENVIRONMENTS[cfg.name]
-    if entry.info.get("check") is not None:
-        entry.info["check"](cfg)
+    if entry.check is not None:
+        entry.check(cfg)
     build = entry.fn
 
     def make() -> Any:

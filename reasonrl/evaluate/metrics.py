@@ -47,7 +47,7 @@ def final_answer(text: str, task: str, fallback_last_number: bool = True) -> str
     answer can be extracted. Numbers are compared as numbers ("18.0" = "$18"), other text
     with whitespace removed.
     """
-    answer = VERIFIERS[task].info["answer"] if task in VERIFIERS else any_answer
+    answer = VERIFIERS[task].answer if task in VERIFIERS else any_answer
     return answer(text, fallback_last_number)
 
 

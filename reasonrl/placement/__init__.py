@@ -105,5 +105,5 @@ def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:
     `receive`): to the rollout process through shared memory (placement.mode=local), or to the
     rollout replicas through Ray's object store (ray: the streamed buckets of `workers.sync`).
     Snapshots carry the probe's log-probs when the engine may check a push by them."""
-    probes = ENGINES[cfg.rollout.engine].info["probes"](cfg.rollout)
+    probes = ENGINES[cfg.rollout.engine].probes(cfg.rollout)
     return workers.split(probe_ids(workers.tokenizer) if probes else None)

@@ -180,7 +180,7 @@ def check_capacity(cfg: Config, roles: list[tuple[Role, int]]) -> None:
                                  f"the workers' {attr}, or add machines (or placement.num_cpus for a Ray "
                                  "started by the run)")
     per_node = [node["Resources"].get("GPU", 0) for node in ray.nodes() if node.get("Alive")]
-    need, key = ENGINES[cfg.rollout.engine].info["machine_gpus"](cfg.rollout)
+    need, key = ENGINES[cfg.rollout.engine].machine_gpus(cfg.rollout)
     if max(per_node, default=0) < need:
         raise PlacementError(f"{key}: {need} GPUs per engine on one machine; the Ray cluster's machines "
                              f"have {sorted(per_node, reverse=True)} GPUs")

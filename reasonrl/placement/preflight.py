@@ -31,13 +31,13 @@ def preflight(cfg: Config) -> None:
     fails in one line rather than inside an actor; a teacher with the student's tokenizer, the
     tokenizers only), and that the longest sequence fits each role's model's context
     (`check_model_context`: its config.json only)."""
-    problems = [("rollout.engine", ENGINES[cfg.rollout.engine].info["missing"]())]
+    problems = [("rollout.engine", ENGINES[cfg.rollout.engine].missing())]
     problems += [("tracking.backends", missing_extra(b)) for b in cfg.tracking.backends]
     if cfg.placement.mode == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(("placement.mode", "placement.mode=ray needs Ray: pip install 'reasonrl[ray]'"))
     if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
         problems.append(("model.lora.rank", "model.lora.rank > 0 needs peft: pip install 'reasonrl[lora]'"))
-    need, key = ENGINES[cfg.rollout.engine].info["machine_gpus"](cfg.rollout)
+    need, key = ENGINES[cfg.rollout.engine].machine_gpus(cfg.rollout)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.placement.mode == "local" and gpus < need:
         problems.append((key, f"{need} GPUs per engine, and this machine has {gpus}"))
@@ -45,7 +45,7 @@ def preflight(cfg: Config) -> None:
     if problems:  # all of them at once: one install should not uncover the next problem
         raise ConfigError("\n".join(problems))
     environment_spec(cfg.env)  # env.fn imported and checked, the python tool's sandbox probed
-    run_check = ENVIRONMENTS[cfg.env.name].info.get("check_run") if cfg.env.name != "none" else None
+    run_check = ENVIRONMENTS[cfg.env.name].check_run if cfg.env.name != "none" else None
     if run_check is not None:  # what the environment needs of the whole run (a server's sessions)
         run_check(cfg)
     for role, _ in active(cfg):

@@ -142,7 +142,7 @@ classifier.warmup = warmup  # type: ignore[attr-defined]
 def judge_kind(cfg) -> str | None:
     """The component of reward.weights a judge role scores (`judge` or `classifier`), or None."""
     return next((k for k in cfg.reward.weights if k in REWARD_COMPONENTS
-                 and REWARD_COMPONENTS[k].info.get("model", False)), None)
+                 and REWARD_COMPONENTS[k].model), None)
 
 
 class RewardModelWorker:

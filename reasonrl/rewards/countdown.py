@@ -140,5 +140,5 @@ def countdown_reward(completion: str, ground_truth: str, extra_info: dict | None
     `template` (`reward.tinyzero_template`) goes to the rules that read the prompt's end."""
     target, numbers = parse_countdown_truth(ground_truth)
     entry = COUNTDOWN_SCORING[rule]
-    options = {"template": template} if "template" in entry.info.get("options", ()) else {}
+    options = {"template": template} if "template" in entry.options else {}
     return entry.fn(completion, target, numbers, format_score, **options)

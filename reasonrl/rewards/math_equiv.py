@@ -65,7 +65,7 @@ def check_math_truth(completion: str, ground_truth: str, extra_info: dict | None
     `completion` is not used."""
     if not ground_truth.strip():
         raise GroundTruthError("ground truth is empty")
-    if not MATH_SCORING[rule].info.get("text_truth", False):
+    if not MATH_SCORING[rule].text_truth:
         parse_truth(ground_truth)
     return 1.0
 

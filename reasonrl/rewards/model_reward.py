@@ -29,7 +29,7 @@ from reasonrl.rewards.pool import Outcome
 
 def is_model_component(name: str) -> bool:
     """Whether reward.weights' `name` is scored by reward.model (`judge`, `classifier`)."""
-    return name in REWARD_COMPONENTS and bool(REWARD_COMPONENTS[name].info.get("model", False))
+    return name in REWARD_COMPONENTS and REWARD_COMPONENTS[name].model
 
 
 def describe(kind: str, model_cfg) -> str:

@@ -106,7 +106,7 @@ def task_verifier(task: str, options: dict[str, Any], timeout: float = 5.0, work
     """The verifier of a `VERIFIERS` task with these option values."""
     entry = VERIFIERS[task]
     target = f"{entry.fn.__module__}:{entry.fn.__name__}"
-    return Verifier(task, target, tuple(sorted(options.items())), entry.info["isolated"], timeout, workers,
+    return Verifier(task, target, tuple(sorted(options.items())), entry.isolated, timeout, workers,
                     max_memory_mb=max_memory_mb)
 
 
@@ -114,7 +114,7 @@ def make_verifier(task: str, cfg) -> Verifier:
     """The verifier for `task` with the options of a RewardConfig `cfg`."""
     if task == "custom":
         return function_verifier(cfg, "reward.fn", cfg.fn)
-    options = {kw: getattr(cfg, field) for kw, field in VERIFIERS[task].info.get("options", {}).items()}
+    options = {kw: getattr(cfg, field) for kw, field in VERIFIERS[task].options.items()}
     return task_verifier(task, options, cfg.timeout, cfg.num_workers, cfg.max_memory_mb)
 
 
@@ -245,10 +245,10 @@ def check_examples(examples: list, cfg) -> None:
             tasks[e.data_source] = verifier_for(e.data_source, cfg).task
         task = tasks[e.data_source]
         entry = VERIFIERS[task]
-        check = entry.info.get("check")
+        check = entry.check
         if check is None:
             continue
-        if entry.info["isolated"]:
+        if entry.isolated:
             remote.setdefault(task, {}).setdefault(e.ground_truth, e)
             continue
         try:
@@ -257,7 +257,7 @@ def check_examples(examples: list, cfg) -> None:
             raise GroundTruthError(f"{e.meta.get('origin', e.data_source)}: field 'ground_truth': "
                                    f"{err} (task {task})") from None
     for task, firsts in remote.items():
-        check = VERIFIERS[task].info["check"]
+        check = VERIFIERS[task].check
         target = f"{check.__module__}:{check.__name__}"
         options = dict(make_verifier(task, cfg).options)  # the check reads as the verifier will
         calls = [Call(target, "", truth, options=options) for truth in firsts]

@@ -70,7 +70,7 @@ def make_engine(name: str, model, tokenizer, options: RolloutConfig | None = Non
     defaults); `threads` the CPU threads the trainer uses (0 = torch's)."""
     options = options if options is not None else RolloutConfig()
     entry = ENGINES[name]
-    problem = entry.info["missing"]()
+    problem = entry.missing()
     if problem is not None:
         raise MissingExtraError(problem)
     return entry.fn(model, tokenizer, options, threads)

@@ -94,7 +94,7 @@ def call_tool(name: str, arguments: Any, limits: Limits | None = None,
     except ConfigError:
         observation = Observation(error=f"unknown tool {name!r}; tools: {', '.join(TOOLS.names())}")
     else:
-        in_process = not TOOLS[name].info.get("sandboxed", False)
+        in_process = not TOOLS[name].sandboxed
         try:
             observation = tool(arguments, limits)
             if not isinstance(observation, Observation):

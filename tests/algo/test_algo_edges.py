@@ -40,9 +40,9 @@ from reasonrl.registry import (
     needs_critic,
 )
 
-GROUP_ESTIMATORS = [e.name for e in ADVANTAGES if e.info.get("needs_groups")]
+GROUP_ESTIMATORS = [e.name for e in ADVANTAGES if e.needs_groups]
 BATCH_ESTIMATORS = [e.name for e in ADVANTAGES
-                    if not e.info.get("needs_groups") and not needs_critic(e.name) and e.name != "raw"]
+                    if not e.needs_groups and not needs_critic(e.name) and e.name != "raw"]
 AWKWARD = [0.1, 1 / 3, 1e6 + 0.1]
 EPS = [0.0, 1e-6, 1e-4]
 E20 = math.exp(20.0)  # 485165195.4: exp of the token bound, the largest ratio a loss sees
@@ -176,7 +176,7 @@ def test_clamp_log_ratio_is_the_identity_inside_the_bounds():
     assert clamped.tolist() == [True] + [False] * 6 + [True, True, False]
     assert x.grad.tolist() == [0.0] + [1.0] * 6 + [0.0, 0.0, 0.0]
     assert SEQUENCE_BOUNDS == (-20.0, 10.0) and TOKEN_BOUNDS == (-20.0, 20.0)
-    assert {e.name: e.info["bounds"] for e in RATIO_LEVELS} == {"token": TOKEN_BOUNDS,
+    assert {e.name: e.bounds for e in RATIO_LEVELS} == {"token": TOKEN_BOUNDS,
                                                                  "sequence": SEQUENCE_BOUNDS}
 
 
@@ -341,7 +341,7 @@ def test_every_kl_estimator_is_finite_at_any_log_ratio(estimator):
         kl = kl_estimate(logp, ref, estimator)
         kl.sum().backward()
         assert torch.isfinite(kl).all() and torch.isfinite(logp.grad).all(), (estimator, log_ratio)
-        bounded = KL_ESTIMATORS[estimator].info.get("bounded", False)
+        bounded = KL_ESTIMATORS[estimator].bounded
         assert kl_clamped(logp, ref, estimator).item() == (bounded and abs(log_ratio) > 20)
 
 

@@ -226,7 +226,7 @@ def test_every_correction_composes_with_every_policy_loss(loss_name, correction)
 def engine_reports_logprobs(monkeypatch, reports: bool) -> None:
     """The `hf` entry with its `logprobs` flag set, whatever the engine does today."""
     entry = ENGINES["hf"]
-    patch_entry(monkeypatch, ENGINES, "hf", entry.fn, **{**entry.info, "logprobs": reports})
+    patch_entry(monkeypatch, ENGINES, "hf", entry.fn, logprobs=reports)
 
 
 def test_a_correction_needs_an_engine_that_reports_logprobs(monkeypatch):

@@ -569,13 +569,13 @@ def test_every_config_section_has_its_rules_and_engine_rules_come_from_the_engin
     sections = [f.name for f in dataclasses.fields(Config) if f.name != "tracking"]
     assert [rules.__name__ for rules in RULES] == [f"{name}_rules" for name in sections]
     for entry in ENGINES:
-        assert isinstance(entry.info["tensor_parallel"], bool), entry.name
-        assert entry.info["max_model_len"](load_config().rollout)[0] == 0, entry.name  # default: none
+        assert isinstance(entry.tensor_parallel, bool), entry.name
+        assert entry.max_model_len(load_config().rollout)[0] == 0, entry.name  # default: none
     two = ["rollout.vllm.tensor_parallel_size=2"]
     with pytest.raises(ConfigError, match="tensor_parallel_size: 2 is vLLM's; rollout.engine=hf runs on one"):
         load_config(None, two)
     hf = ENGINES["hf"]  # an engine that spreads over GPUs accepts the size
-    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, "tensor_parallel": True})
+    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, tensor_parallel=True)
     assert load_config(None, two).rollout.vllm.tensor_parallel_size == 2
 
 

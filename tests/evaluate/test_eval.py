@@ -89,10 +89,10 @@ def test_every_verifier_registers_its_answer_rule():
                                       "reasoning_gym", "verifiers"}
     for entry in VERIFIERS:
         if entry.name == "verl_gsm8k":  # verl's strict rule reads only '#### N'
-            assert entry.info["answer"]("so \\boxed{7.0}", True) is None
-            assert entry.info["answer"]("so #### 7", True) == "7"
+            assert entry.answer("so \\boxed{7.0}", True) is None
+            assert entry.answer("so #### 7", True) == "7"
             continue
-        assert entry.info["answer"]("so \\boxed{7.0}", True) == "7", entry.name
+        assert entry.answer("so \\boxed{7.0}", True) == "7", entry.name
     assert final_answer("<answer>x + 1</answer>", "custom") == "x+1"  # a custom reward: any text
 
 

@@ -71,8 +71,7 @@ def test_preflight_asks_the_engine_entry_for_the_gpus_one_engine_needs(monkeypat
     from reasonrl.registry import ENGINES
 
     hf = ENGINES["hf"]
-    needs = {"machine_gpus": lambda options: (99, "some.key")}
-    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, **{**hf.info, **needs})
+    patch_entry(monkeypatch, ENGINES, "hf", hf.fn, machine_gpus=lambda options: (99, "some.key"))
     with pytest.raises(ConfigError, match=r"^some.key: 99 GPUs per engine, and this machine has \d+$"):
         preflight(load_config(REPO / "configs" / "smoke.yaml"))
     if importlib.util.find_spec("ray") is not None:  # ray mode checks the cluster's machines instead

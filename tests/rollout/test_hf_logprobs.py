@@ -61,7 +61,7 @@ def assert_close(engine_logp, policy_logp, bound: float) -> float:
 
 
 def test_the_hf_entry_declares_logprobs():
-    assert ENGINES["hf"].info["logprobs"] is True
+    assert ENGINES["hf"].logprobs is True
 
 
 def test_token_logprobs_is_log_softmax_of_the_unfiltered_logits():

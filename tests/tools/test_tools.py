@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl.errors import ConfigError, SandboxError
-from reasonrl.registry import TOOLS, Entry
+from reasonrl.registry import TOOLS
 from reasonrl.rewards.safe_arithmetic import COUNTDOWN_RULES, NotArithmetic, evaluate_arithmetic
 from reasonrl.tools import Limits, Observation, ToolStats, call_tool, run_python, sandbox_plan
 from reasonrl.tools.calculator import MAX_CHARS, calculate
@@ -142,7 +142,7 @@ def test_call_tool_never_raises(monkeypatch):
     def broken(arguments, limits):
         raise RuntimeError("bug in a tool")
 
-    monkeypatch.setitem(TOOLS._filled(), "broken", Entry("broken", broken))
+    monkeypatch.setitem(TOOLS._filled(), "broken", TOOLS.entry("broken", broken))
     obs = call_tool("broken", "x", stats=stats)
     assert obs.error == "tool 'broken' failed: RuntimeError: bug in a tool"
     assert stats.calls == 2 and stats.errors == 2
@@ -150,7 +150,7 @@ def test_call_tool_never_raises(monkeypatch):
 
 def test_tools_registry():
     assert TOOLS.names() == ("calculator", "python")
-    assert TOOLS["calculator"].info == {"sandboxed": False} and TOOLS["python"].info == {"sandboxed": True}
+    assert not TOOLS["calculator"].sandboxed and TOOLS["python"].sandboxed
 
 
 def test_limits_are_checked():
