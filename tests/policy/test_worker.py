@@ -440,7 +440,8 @@ def test_reference_model_only_when_beta_positive(base_model):
 
 def test_token_kl_is_zero_against_an_identical_reference(base_model):
     worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(beta=0.05, kl_estimator="k1"))
-    kl = worker.token_kl(PROMPTS, COMPLETIONS, worker.reference_logprobs(PROMPTS, COMPLETIONS))
+    kl = worker.token_kl(PROMPTS, COMPLETIONS, worker.reference_logprobs(PROMPTS, COMPLETIONS),
+                         worker.logprobs(PROMPTS, COMPLETIONS))
     assert [len(k) for k in kl] == [len(c) for c in COMPLETIONS]
     assert max(k.abs().max().item() for k in kl) < 1e-6
 
