@@ -31,7 +31,20 @@ from reasonrl.data import PromptSampler
 from reasonrl.errors import ProducerError, WeightSyncError
 from reasonrl.placement import WeightSync, Workers, snapshot_sync
 from reasonrl.rollout import SamplingParams
-from reasonrl.source.channel import Produced, from_bytes
+from reasonrl.source.channel import (
+    ANSWERS,
+    BatchReady,
+    EvalReady,
+    Evaluate,
+    Failed,
+    Loaded,
+    LoadWeights,
+    Produce,
+    Produced,
+    SetState,
+    Stop,
+    from_bytes,
+)
 from reasonrl.source.schedule import batches_allowed, version_for
 from reasonrl.source.sides import SIDES, SideParts
 
@@ -99,7 +112,7 @@ class Ahead:
         if self.sent != version:
             self._send_weights(version)
         for b in todo:
-            self._send("produce", b)
+            self._send(Produce(b))
         self.next_batch = todo[-1] + 1
 
     def evaluate(self, version: int) -> dict[str, float]:
@@ -149,7 +162,7 @@ class Ahead:
         if self.worker is None:
             return
         try:
-            self.conn.send(("stop",))
+            self.conn.send(Stop())
         except (OSError, ValueError):
             pass
         worker, self.worker = self.worker, None
@@ -171,7 +184,7 @@ class Ahead:
         self.receiver.start()
         self.started = True
         if self.side_state is not None:
-            self._send("state", self.side_state)
+            self._send(SetState(self.side_state))
             self.side_state = None
         self.next_batch = max(self.next_batch, version)
         self.publish(version, evaluate)
@@ -187,23 +200,27 @@ class Ahead:
 
     def _receive(self) -> None:
         """The receiving thread: batches into `batches`, eval metrics into `evals`, acknowledged
-        weights out of `shared`."""
+        weights out of `shared`; a message of no answer's type is the side's error."""
         worker = self.worker  # started before this thread; `close` may drop the attribute meanwhile
         try:
             while True:
-                kind, *args = self.conn.recv()
+                answer = self.conn.recv()
                 with self.cond:
-                    if kind == "loaded":
-                        self.shared.pop(args[0], None)
-                    elif kind == "batch":
-                        got = args[1]
-                        if isinstance(got, bytes):
-                            got = from_bytes(got, f"{self.what}'s batch {args[0]}")
-                        self.batches[args[0]] = Produced(got["batch"], got["state"], got["stats"])
-                    elif kind == "eval":
-                        self.evals[args[0]] = args[1]
-                    elif kind == "error":
-                        self.error = args[0]
+                    match answer:
+                        case Loaded(version):
+                            self.shared.pop(version, None)
+                        case BatchReady(b, got):
+                            if isinstance(got, bytes):
+                                got = from_bytes(got, f"{self.what}'s batch {b}")
+                            self.batches[b] = Produced(got["batch"], got["state"], got["stats"])
+                        case EvalReady(version, metrics):
+                            self.evals[version] = metrics
+                        case Failed(trace):
+                            self.error = trace
+                        case _:
+                            self.error = (f"{self.what} sent an unknown message {answer!r} (a "
+                                          f"{type(answer).__name__}; the answers: "
+                                          f"{', '.join(a.__name__ for a in ANSWERS)})")
                     self.cond.notify_all()
         except (EOFError, OSError):
             ended = self._ended(worker)
@@ -218,7 +235,7 @@ class Ahead:
         payload, checks = self.sync.snapshot(version)
         with self.cond:
             self.shared[version] = payload  # kept alive until the side has loaded them
-        self._send("weights", version, payload, checks)
+        self._send(LoadWeights(version, payload, checks))
         self.sent = version
 
     def _ask_eval(self, version: int) -> None:
@@ -228,17 +245,17 @@ class Ahead:
             return
         if self.sent != version:
             self._send_weights(version)
-        self._send("eval", version)
+        self._send(Evaluate(version))
         self.asked_eval.add(version)
 
-    def _send(self, *command) -> None:
+    def _send(self, command) -> None:
         try:
             self.conn.send(command)
         except OSError:
             error = self._ended(self.worker)
             with self.cond:
                 error = self.error or error
-            raise ProducerError(f"cannot send {command[0]!r} to {self.what}: {error}") from None
+            raise ProducerError(f"cannot send {type(command).__name__} to {self.what}: {error}") from None
 
     def _raise_if_failed(self, doing: str) -> None:
         if self.error is not None:

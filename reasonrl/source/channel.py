@@ -1,11 +1,14 @@
 """The ordered channel between the trainer and the rollout side of `Ahead`, and the rollout
 side's command loop.
 
-The trainer drives the rollout side by one ordered stream of commands: `state` (a resumed
-side's sampler and RNGs), `weights` (a policy version's snapshot), `produce` (one batch), `eval`
-(the held-out eval of the version loaded last), `stop`. The side runs them in order, so which
-weights generated which batch, the prompt seeds it draws and the prompts its sampler deals do
-not depend on timing: two runs with the same seed and staleness give the same batches.
+The trainer drives the rollout side by one ordered stream of commands: `SetState` (a resumed
+side's sampler and RNGs), `LoadWeights` (a policy version's snapshot), `Produce` (one batch),
+`Evaluate` (the held-out eval of the version loaded last), `Stop`. The side runs them in order,
+so which weights generated which batch, the prompt seeds it draws and the prompts its sampler
+deals do not depend on timing: two runs with the same seed and staleness give the same batches.
+The side answers `Loaded`, `BatchReady`, `EvalReady`, or `Failed` with its traceback. Each
+message is a frozen dataclass of this module (picklable: it crosses the pipe), dispatched by its
+type; one of another type is an error naming it.
 
 The channel is a `torch.multiprocessing` pipe to the rollout process (local placement), or a
 pair of queues to a thread of the trainer's process (`queue_pipe`, ray placement): one pipe
@@ -27,6 +30,80 @@ from reasonrl.checkpoint import from_plain, to_plain
 from reasonrl.config import Config
 from reasonrl.rollout import SamplingParams
 from reasonrl.source.collect import collect_batch
+
+# ---- the trainer's commands ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SetState:
+    """Continue from a resumed run's side state (the sampler's, the RNGs')."""
+
+    state: dict
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Load policy version `version`'s snapshot (`WeightSync.snapshot`), checked by `checks`;
+    answered `Loaded`."""
+
+    version: int
+    payload: object
+    checks: dict
+
+
+@dataclass(frozen=True)
+class Produce:
+    """Collect batch `index` with the weights loaded last; answered `BatchReady`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """The held-out eval of version `version` (loaded last); answered `EvalReady`."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the command loop."""
+
+
+# ---- the side's answers ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Loaded:
+    """Version `version`'s weights are loaded: the trainer may drop its snapshot."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class BatchReady:
+    """Batch `index`: {batch, state, stats} as the side packs it (`Side.pack`: bytes from the
+    rollout process, the dict itself from a thread)."""
+
+    index: int
+    packed: bytes | dict
+
+
+@dataclass(frozen=True)
+class EvalReady:
+    """The held-out metrics of version `version`."""
+
+    version: int
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The side failed: its traceback."""
+
+    traceback: str
+
+
+COMMANDS = (SetState, LoadWeights, Produce, Evaluate, Stop)  # the trainer's, in `run_commands`' order
+ANSWERS = (Loaded, BatchReady, EvalReady, Failed)  # the side's
 
 
 @dataclass
@@ -51,40 +128,42 @@ def from_bytes(data: bytes, where: str):
 
 
 def run_commands(conn, side, cfg: Config, sampling: SamplingParams) -> None:
-    """The trainer's commands, in order, until `stop` or the channel closes (the trainer is
-    gone): `state`, `weights` (answered `loaded`), `produce` (answered with the batch, the
-    side's state after it and its stats), `eval` (answered with the held-out metrics)."""
+    """The trainer's commands, in order, until `Stop` or the channel closes (the trainer is
+    gone): `SetState`, `LoadWeights` (answered `Loaded`), `Produce` (answered `BatchReady`: the
+    batch, the side's state after it and its stats), `Evaluate` (answered `EvalReady`: the
+    held-out metrics)."""
     idle_since, pause, busy = time.perf_counter(), 0.0, 0.0
     while True:
         try:
-            command, *args = conn.recv()
+            command = conn.recv()
         except EOFError:
             return
-        if command == "stop":
-            return
-        if command == "state":
-            side.set_state(args[0])
-        elif command == "weights":
-            version, payload, checks = args
-            t = time.perf_counter()
-            side.load(payload, checks)
-            pause += time.perf_counter() - t
-            del payload
-            conn.send(("loaded", version))
-        elif command == "eval":
-            t = time.perf_counter()
-            conn.send(("eval", args[0], side.evaluate()))
-            busy += time.perf_counter() - t
-        elif command == "produce":
-            (b,) = args
-            started = time.perf_counter()
-            idle = started - idle_since - pause - busy
-            batch = collect_batch(side.rollout, side.sampler, sampling, cfg, side.parts.judge)
-            stats = {"async/producer_idle": max(idle, 0.0), "async/sync_pause": pause}
-            conn.send(("batch", b, side.pack({"batch": batch, "state": side.state(), "stats": stats})))
-            idle_since, pause, busy = time.perf_counter(), 0.0, 0.0
-        else:
-            raise ValueError(f"rollout side: unknown command {command!r}")
+        match command:
+            case Stop():
+                return
+            case SetState(state):
+                side.set_state(state)
+            case LoadWeights(version, payload, checks):
+                del command  # the snapshot is dropped once loaded
+                t = time.perf_counter()
+                side.load(payload, checks)
+                pause += time.perf_counter() - t
+                del payload
+                conn.send(Loaded(version))
+            case Evaluate(version):
+                t = time.perf_counter()
+                conn.send(EvalReady(version, side.evaluate()))
+                busy += time.perf_counter() - t
+            case Produce(b):
+                started = time.perf_counter()
+                idle = started - idle_since - pause - busy
+                batch = collect_batch(side.rollout, side.sampler, sampling, cfg, side.parts.judge)
+                stats = {"async/producer_idle": max(idle, 0.0), "async/sync_pause": pause}
+                conn.send(BatchReady(b, side.pack({"batch": batch, "state": side.state(), "stats": stats})))
+                idle_since, pause, busy = time.perf_counter(), 0.0, 0.0
+            case _:
+                raise TypeError(f"rollout side: unknown command {command!r} (a {type(command).__name__}; "
+                                f"the commands: {', '.join(c.__name__ for c in COMMANDS)})")
 
 
 def serve(conn, side, cfg: Config, sampling: SamplingParams) -> None:
@@ -95,7 +174,7 @@ def serve(conn, side, cfg: Config, sampling: SamplingParams) -> None:
         run_commands(conn, side(), cfg, sampling)
     except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
         try:
-            conn.send(("error", traceback.format_exc()))
+            conn.send(Failed(traceback.format_exc()))
         except (OSError, EOFError):
             pass
     finally:

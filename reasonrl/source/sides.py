@@ -31,7 +31,7 @@ from reasonrl.evaluate import EvalSettings
 from reasonrl.placement import SharedMemory, build_here, receive
 from reasonrl.rng import rng_state, seed_everything, set_rng_state
 from reasonrl.rollout import prompt_seeds
-from reasonrl.source.channel import queue_pipe, serve, to_bytes
+from reasonrl.source.channel import Stop, queue_pipe, serve, to_bytes
 from reasonrl.source.held_out import held_out_metrics
 
 
@@ -113,7 +113,7 @@ class ProcessSide(Side):
 
     @staticmethod
     def stop(conn, worker) -> None:
-        """After `stop` was sent: the process's wait, then a kill (a Ctrl-C meanwhile ends the wait)."""
+        """After `Stop` was sent: the process's wait, then a kill (a Ctrl-C meanwhile ends the wait)."""
         try:
             worker.join(10)
         except KeyboardInterrupt:
@@ -188,10 +188,10 @@ class RaySide(Side):
 
     @staticmethod
     def stop(conn, worker) -> None:
-        """After `stop` was sent: the commands not started yet are dropped, `stop` sent again
+        """After `Stop` was sent: the commands not started yet are dropped, `Stop` sent again
         ahead of them, and the thread waited for (a thread cannot be killed)."""
         conn.drop_unread()
-        conn.send(("stop",))
+        conn.send(Stop())
         try:
             worker.join(10)
         except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from reasonrl.placement import share_weights, unshare_weights
 from reasonrl.rng import rng_state
 from reasonrl.rollout import prompt_seeds
 from reasonrl.source import RaySide, SideParts, batches_allowed, split_threads, version_for
-from reasonrl.source.channel import queue_pipe
+from reasonrl.source.channel import Produce, Stop, queue_pipe
 from reasonrl.train.trainer import Trainer
 
 REPO = Path(__file__).parents[2]
@@ -295,16 +295,16 @@ def test_either_sides_state_continues_the_other_s_seeds():
 
 def test_the_queue_channel_ends_like_a_pipe():
     a, b = queue_pipe()
-    a.send(("produce", 1))
-    a.send(("produce", 2))
-    assert b.recv() == ("produce", 1)
+    a.send(Produce(1))
+    a.send(Produce(2))
+    assert b.recv() == Produce(1)
     a.drop_unread()  # what b did not read yet is gone
     a.close()
     for _ in range(2):  # every later recv sees the end
         with pytest.raises(EOFError):
             b.recv()
     with pytest.raises(OSError):
-        a.send(("stop",))
+        a.send(Stop())
 
 
 def test_a_dead_rollout_process_is_an_error_naming_it(tmp_path):
