@@ -313,3 +313,155 @@ def test_a_reasonrl_line_written_by_hand_is_caught(tmp_path):
 def test_the_console_imports_nothing_from_reasonrl():
     text = (REPO / "reasonrl" / "console.py").read_text(encoding="utf-8")
     assert not re.search(r"^\s*(from|import) reasonrl", text, re.M)
+
+
+# ---- the page's prose claims, as checks ------------------------------------------------------
+
+EXTENSIONS = (".py", ".json", ".jsonl", ".yaml", ".md", ".html", ".toml", ".txt")
+
+
+def _modules() -> set[str]:
+    import pkgutil
+
+    import reasonrl
+
+    return {m.name.removeprefix("reasonrl.") for m in pkgutil.walk_packages(reasonrl.__path__, "reasonrl.")}
+
+
+def _is_config_key(parts: list[str]) -> bool:
+    import dataclasses
+    import typing
+
+    from reasonrl.config.schema import Config
+
+    kind = Config
+    for part in parts:
+        if not dataclasses.is_dataclass(kind) or part not in {f.name for f in dataclasses.fields(kind)}:
+            return False
+        kind = typing.get_type_hints(kind)[part]
+    return True
+
+
+def _names_code(dotted: str, modules: set[str]) -> bool:
+    """`dotted` is a module of the package (by its path's tail, as the page writes `collect` for
+    `source.collect`), or a module's tail then attributes (`run_dir.RunDir`)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        head = ".".join(parts[:cut])
+        for module in sorted(m for m in modules if m == head or m.endswith("." + head)):
+            found = importlib.import_module(f"reasonrl.{module}")
+            try:
+                for attr in parts[cut:]:
+                    found = getattr(found, attr)
+                return True
+            except AttributeError:
+                continue
+    return False
+
+
+def dotted_names_not_in_code(text: str) -> list[str]:
+    """The page's backquoted dotted names (`module.Name`, `module.function`) that name nothing in
+    the package; config keys (`algo.beta`) and file names are not code names."""
+    modules = _modules()
+    names = sorted(set(re.findall(r"`([a-z_][a-z_0-9]*(?:\.[A-Za-z_][A-Za-z_0-9]*)+)(?:\(\))?`", text)))
+    return [n for n in names if not n.endswith(EXTENSIONS) and not _is_config_key(n.split("."))
+            and not _names_code(n, modules)]
+
+
+def test_every_dotted_name_on_the_page_is_in_the_code():
+    """A renamed module or class (`run.RunDir` once `run_dir.RunDir`) is caught on the page."""
+    assert dotted_names_not_in_code(PAGE.read_text(encoding="utf-8")) == []
+
+
+def test_a_dotted_name_that_drifted_is_caught():
+    text = "`run_dir.RunDir`, `algo.beta`, `run.RunDir`, `advantage_stage.estimate_advantages`, `x.py`"
+    assert dotted_names_not_in_code(text) == ["run.RunDir"]
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_only_placement_s_actors_and_proxies_import_ray():
+    """What the page says (placement alone imports ray: its actors and their proxies), from every
+    import statement of the package, lazy ones inside functions included."""
+    package = REPO / "reasonrl"
+    importers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "ray" in _imports(p))
+    assert importers == ["placement/actors.py", "placement/proxies.py"]
+    assert "(the only `import ray`)" in PAGE.read_text(encoding="utf-8")
+
+
+def mode_branches(path: Path) -> list[int]:
+    """Lines of `path` comparing something's `.mode` with a placement mode's name ("local", "ray"),
+    but a refusal (`if ...: raise`: a command that runs in one mode only says so)."""
+    import ast
+
+    from reasonrl.placement import MODES
+
+    lines = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    refusals = {id(node.test) for node in ast.walk(tree)
+                if isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and id(node) not in refusals:
+            sides = [node.left, *node.comparators]
+            reads_mode = any(isinstance(s, ast.Attribute) and s.attr == "mode" for s in sides)
+            names_mode = any(isinstance(s, ast.Constant) and s.value in MODES for s in sides)
+            if reads_mode and names_mode:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_but_placement_and_the_config_rules_branches_on_the_placement_mode(tmp_path):
+    """Placement answers what depends on the mode (`MODES`: how to build, a role's device, whether
+    the rollout side shares this machine's cores); modules above ask it instead of branching, and
+    only the config's rules (which keys a mode allows) read the mode besides."""
+    package = REPO / "reasonrl"
+    branching = {str(p.relative_to(package)): mode_branches(p) for p in package.rglob("*.py")
+                 if p.relative_to(package).parts[0] not in ("placement", "config")}
+    assert {k: v for k, v in branching.items() if v} == {}
+    (tmp_path / "m.py").write_text('def f(cfg):\n    if cfg.placement.mode != "local":\n'
+                                   '        raise ValueError\n    return cfg.placement.mode == "ray"\n')
+    assert mode_branches(tmp_path / "m.py") == [4]
+
+
+def test_every_worker_call_of_the_step_is_a_timed_stage():
+    """`Trainer.step` calls its workers (every model forward and update) only through
+    `timed(times, "<stage>", ...)`, so each has its `time/<stage>`; the batch comes from the source
+    (rollout and reward, timed inside it)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from reasonrl.train.trainer import Trainer
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Trainer.step)))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    loose = []
+    for node in ast.walk(tree):
+        workers = ("policy", "teacher", "critic", "rollout", "judge")
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "self" and node.attr in workers):
+            continue
+        up, inside = node, False
+        while up in parents:
+            up = parents[up]
+            if isinstance(up, ast.Compare):  # `self.teacher is not None`
+                inside = True
+            if isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id == "timed":
+                inside = up.args[1].value in STAGES if isinstance(up.args[1], ast.Constant) else False
+            if inside:
+                break
+        if not inside:
+            loose.append(f"line {node.lineno}: self.{node.attr}")
+    assert loose == []

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from reasonrl import console
 from reasonrl.config import Config
-from reasonrl.placement.actors import build_ray_workers, ray_policy_device
+from reasonrl.placement.actors import build_ray_workers, ray_device
 from reasonrl.placement.local import Workers, build_here, build_local_workers, local_device
 from reasonrl.placement.preflight import (
     DEFAULT_POSITIONS,
@@ -49,20 +49,36 @@ from reasonrl.weights import probe_ids
 __all__ = ["DEFAULT_POSITIONS", "MODES", "ROLES", "TINY_POSITIONS", "Host", "InProcessCopy", "RemoteCritic",
            "RemotePolicy", "RemoteRollout", "RemoteTeacher", "Role", "SharedMemory", "StreamedBuckets",
            "WeightSync", "Workers", "build_here", "build_workers", "check_model_context", "model_positions",
-           "precision_decision", "preflight", "receive", "share_weights", "snapshot_sync", "unshare_weights",
+           "precision_decision", "preflight", "receive", "role_device", "share_weights", "side_beside",
+           "snapshot_sync", "unshare_weights",
            "with_precision"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """A placement.mode: how it builds the workers (every role of the table, or those named) and
-    the device the policy computes on (for the precision decision)."""
+    """A placement.mode: how it builds the workers (every role of the table, or those named),
+    the device a role's worker computes on, and whether asynchronous training's rollout side is
+    a process beside the trainer on this machine (then the two share its cores). Modules above
+    ask these instead of branching on the mode (tests/test_architecture.py checks that none does)."""
 
     build: Callable[..., Workers]
-    policy_device: Callable[[Config], str]
+    device: Callable[[Config, str], str]
+    side_beside: bool
 
 
-MODES = {"local": Mode(build_local_workers, local_device), "ray": Mode(build_ray_workers, ray_policy_device)}
+MODES = {"local": Mode(build_local_workers, lambda cfg, role: local_device(cfg), side_beside=True),
+         "ray": Mode(build_ray_workers, ray_device, side_beside=False)}
+
+
+def role_device(cfg: Config, role: str) -> str:
+    """The device `role`'s worker computes on where placement.mode puts it."""
+    return str(MODES[cfg.placement.mode].device(cfg, role))
+
+
+def side_beside(cfg: Config) -> bool:
+    """Asynchronous training (trainer.max_staleness > 0) with its rollout side in a process on
+    this machine (placement.mode=local): the trainer's and the side's torch threads share the cores."""
+    return cfg.trainer.max_staleness > 0 and MODES[cfg.placement.mode].side_beside
 
 
 def precision_decision(cfg: Config) -> tuple[str, str | None]:
@@ -70,7 +86,7 @@ def precision_decision(cfg: Config) -> tuple[str, str | None]:
     `reasonrl.policy.precision.resolve` at the policy's device and a micro-batch's positions.
     The only place a config's `auto` is resolved: a run's automatic choices
     (`reasonrl.train.choices`) and `with_precision` both ask it."""
-    device = str(MODES[cfg.placement.mode].policy_device(cfg))
+    device = role_device(cfg, "policy")
     rows = cfg.optim.micro_batch_size * (cfg.rollout.max_new_tokens + cfg.data.max_prompt_tokens // 4)
     tokens = max(64, min(2048, rows))  # a micro-batch's positions, about
     return resolve(cfg.model.precision, cfg.model.path, cfg.model.revision, tokens, device)

@@ -354,8 +354,7 @@ def actor_names(name: str, count: int, unit: str) -> list[str]:
     return [f"the {name} worker"] if count == 1 else [f"{name} {unit} {i} (of {count})" for i in range(count)]
 
 
-def ray_policy_device(cfg: Config) -> str:
-    """The device the policy's actors compute on: a GPU when placement.policy.num_gpus > 0."""
-    from reasonrl.config import resolve_device
-
-    return "cuda" if cfg.placement.policy.num_gpus > 0 else str(resolve_device(cfg.placement.device))
+def ray_device(cfg: Config, role: str) -> str:
+    """The device `role`'s actors compute on: a GPU when placement.<role>.num_gpus > 0, else the
+    CPU (an actor without a GPU sees none, whatever placement.device says)."""
+    return "cuda" if getattr(cfg.placement, role).num_gpus > 0 else "cpu"

@@ -27,7 +27,7 @@ from typing import Protocol
 from reasonrl.batch import Example, StepBatch
 from reasonrl.config import Config
 from reasonrl.evaluate import EvalSettings
-from reasonrl.placement import Workers
+from reasonrl.placement import Workers, side_beside
 from reasonrl.rollout import SamplingParams
 from reasonrl.source.ahead import Ahead
 from reasonrl.source.on_policy import OnPolicy
@@ -80,7 +80,7 @@ def trainer_threads(cfg: Config) -> int:
     """The trainer's torch threads: trainer.threads (0 = every core); with the rollout process
     beside it on this machine (local placement, ahead), `split_threads`' share."""
     t = cfg.trainer
-    if source_name(cfg) == "ahead" and cfg.placement.mode == "local":
+    if side_beside(cfg):
         return split_threads(t.threads, cfg.rollout.threads)[0]
     return t.threads or os.cpu_count() or 1
 

@@ -34,8 +34,7 @@ import torch
 from reasonrl import console
 from reasonrl.checkpoint.config_check import UNDECIDED
 from reasonrl.config import Config
-from reasonrl.config.rules import resolve_device
-from reasonrl.placement import precision_decision
+from reasonrl.placement import precision_decision, role_device, side_beside
 from reasonrl.source import source_name
 
 # the keys decided here, in the order they are decided (the precision first: the others read it)
@@ -75,17 +74,11 @@ def model_config(cfg: Config):
 
 
 def rollout_device(cfg: Config) -> str:
-    p = cfg.placement
-    if p.mode == "ray":
-        return "cuda" if p.rollout.num_gpus > 0 else "cpu"
-    return str(resolve_device(p.device))
+    return role_device(cfg, "rollout")
 
 
 def policy_device(cfg: Config) -> str:
-    p = cfg.placement
-    if p.mode == "ray":
-        return "cuda" if p.policy.num_gpus > 0 else "cpu"
-    return str(resolve_device(p.device))
+    return role_device(cfg, "policy")
 
 
 def rollout_threads(cfg: Config) -> int:
@@ -94,7 +87,7 @@ def rollout_threads(cfg: Config) -> int:
     from reasonrl.source import trainer_threads
     from reasonrl.source.schedule import split_threads
 
-    if source_name(cfg) == "ahead" and cfg.placement.mode == "local":
+    if side_beside(cfg):
         return split_threads(cfg.trainer.threads, cfg.rollout.threads)[1]
     return trainer_threads(cfg)
 
@@ -138,7 +131,7 @@ def decide_budget(cfg: Config) -> tuple[int | None, str]:
     if device.startswith("cuda") and not torch.cuda.is_available():
         return None, "the policy's GPU is not visible in this process: each policy worker sizes it"
     precision = cfg.model.precision
-    ranks = cfg.placement.policy.ranks if cfg.placement.mode == "ray" else 1
+    ranks = cfg.placement.policy.ranks  # 1 in local placement (config rules)
     # the learner's model: bf16 for pure bf16 and for bf16-mixed's compute copy in one process;
     # data-parallel ranks keep fp32 parameters (FSDP2 casts in its mixed-precision policy)
     bf16 = precision == "bf16" or (precision == "bf16-mixed" and ranks == 1)
