@@ -2,11 +2,12 @@
 
 `PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks), `RolloutWorker`
 (reasonrl.rollout.worker), `CriticWorker` (reasonrl.policy.critic), `TeacherWorker`
-(reasonrl.policy.teacher) and `RewardModelWorker` (reasonrl.policy.reward_model) implement them
-as plain objects; `reasonrl.placement.roles` names the role of each. `reasonrl.placement` hands the
-trainer either those objects (local mode) or Ray proxies built from these protocols, method
-by method (ray mode): a method missing from a worker fails when its actor starts, not when
-the trainer first calls it.
+(reasonrl.policy.teacher), the reference served within the policy's worker
+(reasonrl.policy.frozen.ReferenceOf) and `RewardModelWorker` (reasonrl.policy.reward_model)
+implement them as plain objects; `reasonrl.placement.roles` names the role of each.
+`reasonrl.placement` hands the trainer either those objects (local mode) or Ray proxies built
+from these protocols, method by method (ray mode): a method missing from a worker fails when its
+actor starts, not when the trainer first calls it.
 """
 
 from __future__ import annotations
@@ -104,15 +105,31 @@ class CriticWorkerAPI(Protocol):
 
 
 class TeacherWorkerAPI(Protocol):
-    """The teacher of on-policy distillation (teacher.path): it scores the student's samples and
-    is never trained nor given a weight sync."""
+    """The teacher of on-policy distillation (teacher.path): a frozen model
+    (reasonrl.policy.frozen.FrozenModel) that scores the student's samples and is never trained
+    nor given a weight sync."""
 
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Each completion's token log-probs under the teacher (the teacher stage)."""
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the teacher (the teacher stage); `rows` [N]
+        bool: only those (others empty)."""
         ...
 
     def weights_checksum(self) -> float:
         """The teacher's weights' checksum: the same all run long."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ReferenceWorkerAPI(Protocol):
+    """The reference model (algo.beta > 0 or algo.log_kl): a frozen model served within the
+    policy's worker, laid out as the policy's update lays out its rows."""
+
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Each completion's token log-probs under the reference model (the reference stage);
+        `rows` [N] bool: only those, laid out as the update lays them out (others empty)."""
         ...
 
     def close(self) -> None: ...

@@ -188,7 +188,8 @@ def test_the_protocol_table_is_every_method_of_every_worker_api():
 
     rows = markdown_table(section("Workers and placement"), "| protocol | methods |")
     apis = {name: getattr(worker_protocols, name) for name in
-            ("PolicyWorkerAPI", "CriticWorkerAPI", "TeacherWorkerAPI", "JudgeWorkerAPI", "RolloutWorkerAPI")}
+            ("PolicyWorkerAPI", "CriticWorkerAPI", "TeacherWorkerAPI", "ReferenceWorkerAPI", "JudgeWorkerAPI",
+             "RolloutWorkerAPI")}
     assert [ticked(r[0])[0] for r in rows] == list(apis)
     for protocol, methods in rows:
         assert ticked(methods) == list(worker_protocols.api_methods(apis[ticked(protocol)[0]])), protocol

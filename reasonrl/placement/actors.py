@@ -298,8 +298,9 @@ def build_ray_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Work
     if "REASONRL_HOME" in os.environ:
         env["REASONRL_HOME"] = os.environ["REASONRL_HOME"]
     env.update(console.inherited_env())  # the actors' [reasonrl] lines in this run's console mode
-    check_capacity(cfg, roles)
-    grouped = [(role, n) for role, n in roles if not role.isolated]
+    placed = [(role, n) for role, n in roles if not role.within]  # the others start no actor
+    check_capacity(cfg, placed)
+    grouped = [(role, n) for role, n in placed if not role.isolated]
     actors = [(_actor_name(role, n, i), _start(role.placement(cfg), cfg, {**env, **role.env}),
                role.placement(cfg)) for role, n in grouped for i in range(n)]
     # 1. every actor running (scheduled on a machine with its resources); rank 0 of a role of
@@ -333,6 +334,7 @@ def build_ray_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Work
         for role, _ in roles:  # an isolated role: its own actor, restarted past a call's deadline
             if role.isolated:
                 workers[role.name] = IsolatedActor(role, cfg, env)
+        table.served_within(roles, workers, cfg)  # the reference: the policy's proxy, viewed
     except BaseException:
         Workers(workers, actors=handles).close()
         raise

@@ -6,8 +6,9 @@ builder returns.
 one `shared` dict for the workers of this process (the HF rollout engine shares the policy's
 model: a weight sync copies nothing and is verified by checksum; with LoRA the engine holds a
 plain copy and receives the merged weights). An isolated role (the judge) runs in a process of
-its own (`isolated.ProcessWorker`), each call within its deadline. No weight sync reaches a
-frozen model: `WeightSync` moves the policy's weights to the rollout worker alone.
+its own (`isolated.ProcessWorker`), each call within its deadline; a role served within
+another's worker (the reference, within the policy's) is that worker's view. No weight sync
+reaches a frozen model: `WeightSync` moves the policy's weights to the rollout worker alone.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def build_local_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Wo
     host = Host(device=local_device(cfg), shared={})
     built: dict[str, object] = {}
     try:
-        for role, _ in table.active(cfg, names):
-            built[role.name] = (isolated_worker(role, cfg, Host(device=host.device)) if role.isolated
-                                else role.build(cfg, host))
+        roles = table.active(cfg, names)
+        for role, _ in roles:
+            if not role.within:
+                built[role.name] = (isolated_worker(role, cfg, Host(device=host.device)) if role.isolated
+                                    else role.build(cfg, host))
+        table.served_within(roles, built, cfg)
     except BaseException:
         Workers(built).close()
         raise

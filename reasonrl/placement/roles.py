@@ -10,6 +10,13 @@ absolute for actors, their context checked by the preflight). The local and Ray 
 preflight, the capacity check and `Workers.close` loop over `ROLES`; a new role is a row here,
 a worker class and a protocol.
 
+A role may be served within another's worker (`within`): the reference model lives in the
+policy's worker (the same process, device and data-parallel ranks, and the micro-batch layout
+of the policy's update, which its values must match bitwise; with LoRA it is the policy's own
+base with the adapter switched off, no copy). Its row builds no worker and starts no actor:
+`build(cfg, worker)` gives the role's view of that role's worker (a local worker or its Ray
+proxy), placed by that role's section (`placement.policy`).
+
 Rows are built in table order in one process (local placement): the policy before its rollout
 engine, which may share its model (`reasonrl.policy.colocate`).
 """
@@ -23,6 +30,7 @@ from typing import Any
 from reasonrl.config import Config
 from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout, remote_class
 from reasonrl.policy.critic import CriticWorker
+from reasonrl.policy.frozen import ReferenceOf, wants_reference
 from reasonrl.policy.parallel import rank_critic, rank_policy
 from reasonrl.policy.reward_model import RewardModelWorker, judge_kind
 from reasonrl.policy.teacher import TeacherWorker, check_tokenizers, teacher_source
@@ -33,6 +41,7 @@ from reasonrl.worker_protocols import (
     CriticWorkerAPI,
     JudgeWorkerAPI,
     PolicyWorkerAPI,
+    ReferenceWorkerAPI,
     RolloutWorkerAPI,
     TeacherWorkerAPI,
 )
@@ -64,7 +73,7 @@ class Role:
 
     name: str  # the `Workers` attribute, and the name errors give it
     api: type  # its protocol
-    build: Callable[..., Any]  # from_config(cfg, host) -> the worker
+    build: Callable[..., Any]  # from_config(cfg, host) -> the worker; `within`: (cfg, that worker) -> view
     count: Callable[[Config], int]  # 0 = off
     ranked: Callable[..., Any] | None = None  # the same for one of several data-parallel ranks
     section: str = ""  # placement.<section> (Ray resources); "" = the name
@@ -79,6 +88,7 @@ class Role:
     # (what the error calls it, path, revision) of its model, whose context must fit the run's lengths
     context: Callable[[Config], tuple[str, str, str] | None] | None = None
     check: Callable[[Config], None] | None = None  # the preflight's check, before any model loads
+    within: str = ""  # served within that role's worker: no worker or actor of its own
 
     def placement(self, cfg: Config):
         """Its `placement.<section>`."""
@@ -100,6 +110,9 @@ ROLES: tuple[Role, ...] = (
          count_key="placement.policy.ranks", proxy=lambda group, cfg: RemotePolicy(group), env=POLICY_ENV,
          paths=("model.path",), context=lambda cfg: ("the model", cfg.model.path, cfg.model.revision),
          check=lambda cfg: policy_loss_fn(cfg.algo)),  # algo.loss_fn imported and its signature checked
+    # the reference model: a frozen model within the policy's worker (its layout, ranks, device)
+    Role("reference", ReferenceWorkerAPI, ReferenceOf.within, lambda cfg: 1 if wants_reference(cfg) else 0,
+         section="policy", count_key="algo.beta", within="policy"),
     Role("rollout", RolloutWorkerAPI, RolloutWorker.from_config, lambda cfg: cfg.placement.rollout.replicas,
          unit="replica", count_key="placement.rollout.replicas", proxy=_rollout_proxy),
     Role("critic", CriticWorkerAPI, CriticWorker.from_config,
@@ -124,6 +137,14 @@ def active(cfg: Config, names: tuple[str, ...] | None = None) -> list[tuple[Role
     those."""
     return [(role, n) for role in ROLES
             if (names is None or role.name in names) and (n := role.count(cfg)) > 0]
+
+
+def served_within(roles: list[tuple[Role, int]], workers: dict[str, Any], cfg: Config) -> None:
+    """Add to `workers` (the built ones by role name) each role of `roles` served within
+    another's worker: its view of that worker (none when that role was not built)."""
+    for row, _ in roles:
+        if row.within and workers.get(row.within) is not None:
+            workers[row.name] = row.build(cfg, workers[row.within])
 
 
 def role(name: str) -> Role:

@@ -95,16 +95,17 @@ def logprobs_stage(policy, ids: tuple, loss_mask: torch.Tensor, every_row: bool,
     return PolicyLogprobs(everything, policy.logprobs(*ids, loss_mask))
 
 
-def reference_stage(policy, ids: tuple, loss_mask: torch.Tensor, algo,
+def reference_stage(reference, policy, ids: tuple, loss_mask: torch.Tensor, algo,
                     logprobs: PolicyLogprobs) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """(the reference model's log-probs, the per-token KL for the reward or None): the step's
-    one reference forward. KL in the reward needs every row, and reads the policy's log-probs
-    of every row from the log-probs stage (`logprobs.every_row`); otherwise only the rows the
-    update trains on, laid out as the update lays them out."""
+    one reference forward (the reference role, served within the policy's worker). KL in the
+    reward needs every row, and reads the policy's log-probs of every row from the log-probs
+    stage (`logprobs.every_row`); otherwise only the rows the update trains on, laid out as the
+    update lays them out."""
     if algo.beta > 0 and algo.kl_in == "reward":
-        ref = policy.reference_logprobs(*ids)
+        ref = reference.logprobs(*ids)
         return ref, policy.token_kl(*ids, ref, logprobs.every_row)
-    return policy.reference_logprobs(*ids, loss_mask), None
+    return reference.logprobs(*ids, loss_mask), None
 
 
 def teacher_stage(teacher, student: list[torch.Tensor], ids: tuple, loss_mask: torch.Tensor,
@@ -185,6 +186,7 @@ class Trainer:
         self.policy, self.rollout, self.critic = (self.workers.policy, self.workers.rollout,
                                                   self.workers.critic)
         self.teacher = self.workers.teacher  # on-policy distillation (teacher.path) only
+        self.reference = self.workers.reference  # algo.beta > 0 or algo.log_kl only
         # every prompt too long for data.max_prompt_tokens, listed now, not at step 500 (or cut: said)
         check_prompt_lengths(self.rollout, self.train_examples, cfg.data.max_prompt_tokens,
                              held_out=self.held_out)
@@ -246,7 +248,8 @@ class Trainer:
             logp = timed(times, "logprobs", logprobs_stage, self.policy, ids, loss_mask, kl_in_reward,
                          trained)
         if kl_in_reward or (updates and (algo.beta > 0 or algo.log_kl)):  # the reference forward, once
-            ref, kl = timed(times, "reference", reference_stage, self.policy, ids, loss_mask, algo, logp)
+            ref, kl = timed(times, "reference", reference_stage, self.reference, self.policy, ids, loss_mask,
+                            algo, logp)
         if self.teacher is not None and updates:  # the teacher's forward
             scores = timed(times, "teacher", teacher_stage, self.teacher, logp.trained, ids, loss_mask,
                            self.cfg.teacher)

@@ -54,3 +54,35 @@ def test_every_role_says_how_it_is_built_and_placed():
         assert dataclasses.is_dataclass(role.placement(cfg)), role.name
         assert not role.build.__module__.startswith("reasonrl.placement"), role.name
         assert role.isolated == (role.load_timeout is not None and role.call_timeout is not None), role.name
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_the_reference_is_a_role_served_within_the_policy(tmp_path, lora):
+    """algo.beta > 0: the `reference` row starts no worker of its own; `Workers.reference` is its
+    view of the policy's worker, whose `FrozenModel` lays out rows with the learner's own
+    `micro_batches` (a row asked alone is bitwise its forward alone), a copy of the model, or with
+    LoRA the policy's base with the adapter off (no copy). algo.beta = 0: no reference role."""
+    import torch
+
+    from reasonrl.policy.frozen import ReferenceOf
+
+    overrides = ["model.path=tiny", "model.precision=fp32", "rollout.max_new_tokens=4",
+                 f"trainer.output_dir={tmp_path}", f"model.lora.rank={lora}"]
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [*overrides, "algo.beta=0.01"])
+    assert [r.name for r, _ in roles.active(cfg, ("policy", "reference"))] == ["policy", "reference"]
+    workers = build_workers(cfg, roles=("policy", "reference"))
+    try:
+        policy, reference = workers.policy, workers.reference
+        assert isinstance(reference, ReferenceOf) and reference.policy is policy
+        assert policy.reference.layout == policy.micro_batches and policy.reference.device == policy.device
+        assert (policy.ref_model.__class__.__name__ == "AdapterDisabled") == (lora > 0)
+        assert (policy.ref_model is not policy.model) and all(not p.requires_grad for p in (
+            policy.ref_model.parameters() if lora == 0 else ()))
+        prompts, completions = [[1, 5, 9], [1, 7]], [[20, 21], [30, 31, 32]]
+        found = reference.logprobs(prompts, completions, torch.tensor([False, True]))
+        alone = policy.row_logprobs(policy.ref_model, prompts[1:], completions[1:])[0]
+        assert found[0].numel() == 0 and torch.equal(found[1], alone.float().cpu())
+    finally:
+        workers.close()
+    off = load_config(REPO / "configs" / "smoke.yaml", [*overrides, "algo.beta=0.0", "algo.log_kl=false"])
+    assert roles.active(off, ("reference",)) == []

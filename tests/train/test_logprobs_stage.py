@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import keep_torch_threads, smoke_cfg  # noqa: F401 (autouse)
 
+import reasonrl.policy.frozen as frozen_module
 import reasonrl.policy.worker as worker_module
 import reasonrl.train.trainer as trainer_module
 from reasonrl.policy.forward import completion_logprobs as forward_logprobs
@@ -61,6 +62,7 @@ def policy_forwards(monkeypatch, trainer) -> list[int]:
         return forward_logprobs(model, mb, *args, **kwargs)
 
     monkeypatch.setattr(worker_module, "completion_logprobs", counted)
+    monkeypatch.setattr(frozen_module, "completion_logprobs", counted)  # the stage's (`rows_logprobs`)
     return rows
 
 
