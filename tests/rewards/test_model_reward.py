@@ -1,7 +1,12 @@
 """Rewards from models (reward.model: the `judge` and `classifier` components): the verdict
 probability and the number parse by hand, a hand-built classifier and judge scored through the
 judge role's worker in its own process, batches equal to one row at a time, and a judge that
-returns garbage, raises or hangs: counted, timed out, never a crash."""
+returns garbage, raises or hangs: counted, timed out, never a crash.
+
+A judge's process costs seconds to start (torch and transformers imported, the model loaded):
+tests that ask for the same reward.model share one for the module (`shared_judge`, `scripted`);
+those that need a process of their own (a hand-built model, the one that hangs and is replaced)
+build it (`judge_of`)."""
 
 from __future__ import annotations
 
@@ -46,20 +51,43 @@ def spec(**values) -> RewardModelConfig:
     return dataclasses.replace(RewardModelConfig(), **values)
 
 
+def judge_workers(model_cfg: RewardModelConfig, kind: str = "judge"):
+    """The judge role for that reward.model, built as a run builds it (`build_workers`: its own
+    process)."""
+    cfg = load_config("configs/smoke.yaml", [f"reward.weights={{correct: 1.0, {kind}: 1.0}}"])
+    cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, model=model_cfg))
+    return build_workers(cfg, roles=("judge",))
+
+
 @pytest.fixture
 def judge_of():
-    """judge_of(reward.model, kind): the judge role's worker for that reward.model, built as a run
-    builds it (`build_workers`: its own process); every one built is closed after the test."""
+    """judge_of(reward.model, kind): a judge role's worker of its own (`judge_workers`); every one
+    built is closed after the test."""
     built = []
 
     def make(model_cfg: RewardModelConfig, kind: str = "judge"):
-        cfg = load_config("configs/smoke.yaml", [f"reward.weights={{correct: 1.0, {kind}: 1.0}}"])
-        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, model=model_cfg))
-        built.append(build_workers(cfg, roles=("judge",)))
+        built.append(judge_workers(model_cfg, kind))
         return built[-1].judge
 
     yield make
     for workers in built:
+        workers.close()
+
+
+@pytest.fixture(scope="module")
+def shared_judge():
+    """shared_judge(reward.model, kind): the judge role's worker for that reward.model, one per
+    (reward.model, kind) for the module's tests (in one xdist worker), closed after them."""
+    built: dict[tuple[str, str], object] = {}
+
+    def make(model_cfg: RewardModelConfig, kind: str = "judge"):
+        key = (kind, repr(model_cfg))
+        if key not in built:
+            built[key] = judge_workers(model_cfg, kind)
+        return built[key].judge
+
+    yield make
+    for workers in built.values():
         workers.close()
 
 
@@ -183,7 +211,7 @@ def test_a_hand_built_judge_gives_its_verdict_probability(tokenizer, tmp_path, j
     assert result.errors == 0 and list(result.components) == ["correct", "judge"]
 
 
-def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, judge_of):
+def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, shared_judge):
     """Left-padded judge batches and right-padded classifier batches of rows of different lengths
     give each row's score alone, in this process and through the worker (float rounding of
     matrix products of other shapes: 1e-5)."""
@@ -205,8 +233,8 @@ def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, judge_of):
     assert len({round(v, 6) for v in batched}) == 6
     for kind in ("judge", "classifier"):  # the worker's batches of 6 against the rows scored alone here
         six_cfg = spec(path="tiny", batch_size=6)
-        six = model_reward.score_with_model(kind, six_cfg, judge_of(six_cfg, kind), PROMPTS, COMPLETIONS,
-                                            TRUTHS, list(range(6)))[0]
+        six = model_reward.score_with_model(kind, six_cfg, shared_judge(six_cfg, kind), PROMPTS,
+                                            COMPLETIONS, TRUTHS, list(range(6)))[0]
         assert six == pytest.approx(alone[kind], abs=1e-5) and len(set(six)) == 6, kind
 
 
@@ -224,24 +252,55 @@ def test_a_judge_whose_answers_are_garbage_is_counted_not_fatal(judge_of):
                for f in result.failures)
 
 
-@pytest.fixture
-def scripted(monkeypatch, tmp_path):
+def scripted_row(monkeypatch, log: Path) -> None:
     """The judge role's worker scores with tests/fixtures/scripted_judge.py:judge (its table row's
-    build given that target); returns the log of the completions of each call it got."""
-    log = tmp_path / "calls.log"
+    build given that target), logging each call's completions to `log`."""
     log.touch()
     monkeypatch.setenv("SCRIPTED_JUDGE_LOG", str(log))
     row = dataclasses.replace(roles.role("judge"), build=functools.partial(RewardModelWorker.from_config,
                                                                           target=SCRIPTED))
     monkeypatch.setattr(roles, "ROLES", tuple(row if r.name == "judge" else r for r in roles.ROLES))
-    return lambda: [line.split("|") for line in log.read_text().splitlines()]
 
 
-def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted, judge_of):
+def calls_in(log: Path) -> list[list[str]]:
+    return [line.split("|") for line in log.read_text().splitlines()]
+
+
+@pytest.fixture
+def scripted(monkeypatch, tmp_path):
+    """Judges built in the test (`judge_of`) score with the scripted judge; returns the log of the
+    completions of each call they got."""
+    scripted_row(monkeypatch, tmp_path / "calls.log")
+    return lambda: calls_in(tmp_path / "calls.log")
+
+
+@pytest.fixture(scope="module")
+def shared_scripted(tmp_path_factory):
+    """The scripted judge's worker shared by the module's tests ((its worker, its call log); the
+    log emptied for each test by `scripted_judge`). Its reward.model's batch_size is not its
+    callers': `score` cuts the batches by the reward.model it is given."""
+    log = tmp_path_factory.mktemp("scripted") / "calls.log"
+    with pytest.MonkeyPatch.context() as patch:  # in force while its process starts
+        scripted_row(patch, log)
+        workers = judge_workers(spec(path="scripted"))
+    yield workers.judge, log
+    workers.close()
+
+
+@pytest.fixture
+def scripted_judge(shared_scripted):
+    """(the shared scripted judge, the log of this test's calls)."""
+    judge, log = shared_scripted
+    log.write_text("")
+    return judge, lambda: calls_in(log)
+
+
+def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted_judge):
     completions = ["5", "RAISE 8", "x", "GARBAGE 12", "2", "0"]
     cfg = spec(path="scripted", batch_size=2)
+    judge, calls = scripted_judge
     result = score(completions, TRUTHS, {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS, model=cfg,
-                   judge=judge_of(cfg))
+                   judge=judge)
     # batches [0, 1] (raises: both rows fail), [2, 3] (row 3 unreadable), [4, 5]
     assert result.components["judge"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.75, 0.75]
     assert result.components["correct"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
@@ -251,7 +310,7 @@ def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted, 
     assert result.failures[3] == ("the judge (reward.model.path=scripted): ValueError: no number in the "
                                   "judge's answer 'I cannot say'")
     assert [result.failures[i] for i in (2, 4, 5)] == [None] * 3
-    assert len(scripted()) == 3
+    assert len(calls()) == 3
 
 
 def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted, judge_of):
@@ -268,20 +327,21 @@ def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted, judge_of):
     assert judge.killed == 1 and [c[0] for c in scripted()] == ["5", "HANG", "2"]
 
 
-def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted, judge_of):
+def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted_judge):
     completions = ["<think>a</think><answer>5</answer>", "5", "<think>b</think><answer>7</answer>"]
     cfg = spec(path="scripted")
+    judge, calls = scripted_judge
     result = score(completions, ["5", "5", "7"], {"format": 0.0, "judge": 1.0}, gate=["format"],
-                   prompts=PROMPTS[:3], model=cfg, judge=judge_of(cfg))
+                   prompts=PROMPTS[:3], model=cfg, judge=judge)
     assert result.components["judge"].tolist() == [0.75, 0.0, 0.75] and result.errors == 0
-    assert scripted() == [[completions[0], completions[2]]]
+    assert calls() == [[completions[0], completions[2]]]
 
 
 # ---- start-up: loading and the config ------------------------------------------------------------
 
-def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path):
+def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path, shared_judge):
     """The judge role's model loads when the role is built (with the run's workers): one that
-    cannot stops the run there."""
+    cannot stops the run there; one that can scores (the tiny judge as the batches test has it)."""
     examples = [Example("What is 2 + 3?", "5", "arithmetic")]
     cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
                                              f"reward.model.path={tmp_path}/none"])
@@ -296,12 +356,9 @@ def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path):
         build_workers(cfg, roles=("judge",))
     ok = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}",
                                             "reward.model.path=tiny"])
-    workers = build_workers(ok, roles=("judge",))  # loads the tiny judge in its process
-    try:
-        scored = score_examples(["5"], examples, ok.reward, judge=workers.judge)
-        assert scored.components["judge"].numel() == 1
-    finally:
-        workers.close()
+    judge = shared_judge(spec(path="tiny", batch_size=6))  # the tiny judge loaded in its process
+    scored = score_examples(["5"], examples, ok.reward, judge=judge)
+    assert scored.components["judge"].numel() == 1 and scored.errors == 0
 
 
 @pytest.mark.parametrize("overrides, message", [
