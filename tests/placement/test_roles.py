@@ -16,6 +16,7 @@ from reasonrl.placement import build_workers, roles
 from reasonrl.worker_protocols import missing_methods
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+from helpers import needs_peft  # noqa: E402
 from prm_stub import PRMStub, PRMWorkerAPI  # noqa: E402
 
 REPO = Path(__file__).parents[2]
@@ -56,7 +57,7 @@ def test_every_role_says_how_it_is_built_and_placed():
         assert role.isolated == (role.load_timeout is not None and role.call_timeout is not None), role.name
 
 
-@pytest.mark.parametrize("lora", [0, 4])
+@pytest.mark.parametrize("lora", [0, pytest.param(4, marks=needs_peft)])
 def test_the_reference_is_a_role_served_within_the_policy(tmp_path, lora):
     """algo.beta > 0: the `reference` row starts no worker of its own; `Workers.reference` is its
     view of the policy's worker, whose `FrozenModel` lays out rows with the learner's own
