@@ -140,6 +140,12 @@ class Rollouts(Rows):
     # (None at construction: all ones, a single-turn row)
     token_mask: list[list[int]] | None = None
     episodes: EpisodeStats | None = None  # multi-turn episodes' turns and counts (None: single-turn)
+    # [N] long: which of its group's episodes (0..) the row is a sequence of, when an episode may
+    # train as several rows (an agent program that rewrote its history, docs/agents.md): the rows of
+    # one (group, episode) share its reward and advantage, and the first of them (the one holding
+    # its final call) stands for the episode in scoring, metrics and samples (`episode_rows`).
+    # None: every row is an episode of its own (every other environment)
+    episode: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.token_mask is None:
@@ -147,6 +153,20 @@ class Rollouts(Rows):
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    def episode_rows(self) -> tuple[list[int], torch.Tensor]:
+        """(the first row of each episode, in row order; [N] long: each row's episode, an index
+        into that list). Without `episode`, every row is its own: (0..N-1, arange(N))."""
+        if self.episode is None:
+            return list(range(len(self))), torch.arange(len(self))
+        first: list[int] = []
+        index: dict[tuple[int, int], int] = {}
+        keys = zip(self.group.tolist(), self.episode.tolist(), strict=True)
+        of = [index.setdefault(key, len(index)) for key in keys]
+        for i, e in enumerate(of):
+            if e == len(first):
+                first.append(i)
+        return first, torch.tensor(of, dtype=torch.long)
 
     @property
     def completion_lengths(self) -> torch.Tensor:

@@ -215,9 +215,10 @@ def agent_environment(cfg: EnvConfig) -> EnvSpec:
 def agent_metrics(agent: dict[str, torch.Tensor]) -> dict[str, float]:
     """agent/ metrics of a batch of agent episodes (`EpisodeStats.agent`): episodes; joined (all
     their calls in one sequence) and split (more than one: a call that did not extend the
-    ones before); calls per episode; calls in no trained sequence; calls sampled otherwise than
-    the rollout (temperature, top_p, top_k); rewards the program gave; episodes dropped; failures,
-    in all and by reason."""
+    ones before); calls per episode; calls in no trained sequence (0: every sequence trains, a row
+    each); calls sampled otherwise than the rollout (temperature, top_p, top_k); rewards the
+    program gave; episodes dropped; failures, in all and by reason. Read from each episode's
+    first row (`Rollouts.episode_rows`): its other rows' counts are 0."""
     chains, calls = agent["chains"], agent["calls"]
     out = {"agent/episodes": float(len(calls)), "agent/joined": float((chains == 1).sum().item()),
            "agent/split": float((chains > 1).sum().item()),

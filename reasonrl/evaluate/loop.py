@@ -148,6 +148,8 @@ def evaluate(rollout: RolloutWorkerAPI, policy: PolicyWorkerAPI, examples: list[
                 bar.set_postfix_str(f"{batch}: generating {len(chunk) * n}")
                 t = time.perf_counter()
                 rollouts = rollout.rollout([examples[i] for i in chunk], sampling)
+                if rollouts.episode is not None:  # an agent's split episode: its final call's row
+                    rollouts = rollouts.take(rollouts.episode_rows()[0])
                 times["generate_s"] += time.perf_counter() - t
                 bar.set_postfix_str(f"{batch}: scoring")
                 t = time.perf_counter()

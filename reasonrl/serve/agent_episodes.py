@@ -20,14 +20,16 @@ rollout worker hands it a rollout call instead of the turn loop). Per call:
    history, or `n` > 1 choices) starts another sequence. Nothing is re-rendered: every id is
    one the endpoint was given or sampled.
 
-One row per episode, so a row's group and advantage are the episode's (`rollout.n` rows per
-prompt, as every other environment): the row trains the sequence with the most sampled tokens
-(ties: the latest); an episode that split counts in `agent/split` and its other sequences'
-calls in `agent/untrained_calls` (not trained: a row per sequence would need rows sharing an
-episode's advantage, which the advantage stage does not carry yet). Its reward: the program's
+Every sequence is trained, each as a row: a row per sequence, all of an episode's rows in its
+prompt's group, marked with the episode (`Rollouts.episode`, which of its group's `rollout.n`
+episodes) so that they share one reward and one advantage (`reasonrl.source.collect.split_rows`,
+`reasonrl.train.advantage_stage.episode_advantages`, which says how the loss weighs them). An
+episode's first row is the sequence holding its last call (its final answer: what is scored, and
+what stands for the episode in metrics and samples), the others follow in the order they started;
+an episode of more than one sequence counts in `agent/split`. Its reward: the program's
 return value, or, when it returns None, the reward functions over its final answer (the last
 call's completion); a failure (`reasonrl.envs.agent.FAILURES`) scores 0 or, with
-`env.agent.on_failure=drop`, leaves the row unscored (`reasonrl.envs.base.with_env_reward`).
+`env.agent.on_failure=drop`, leaves the episode unscored (`reasonrl.envs.base.with_env_reward`).
 An episode with no call trains nothing (its row's one id is masked).
 """
 
@@ -154,11 +156,11 @@ def join_calls(records: list[CallRecord]) -> list[Chain]:
     return chains
 
 
-def trained_chain(chains: list[Chain]) -> Chain | None:
-    """The sequence an episode's row trains: the most sampled tokens, the latest on a tie."""
-    if not chains:
-        return None
-    return max(reversed(chains), key=lambda c: c.model_tokens)
+def episode_chains(chains: list[Chain], last: CallRecord | None) -> list[Chain]:
+    """An episode's sequences as its rows: the one holding its `last` call (its final answer)
+    first, then the others in the order they started."""
+    first = [c for c in chains if any(r is last for r in c.calls)]
+    return first + [c for c in chains if not any(c is f for f in first)]
 
 
 def other_sampling(record: CallRecord, params: SamplingParams) -> bool:
@@ -240,8 +242,7 @@ class AgentEpisodes:
     def _row(self, calls: EpisodeCalls, outcome, prompt: list[int], params: SamplingParams,
              on_failure: str) -> dict:
         records = list(calls.records)
-        chains = join_calls(records)
-        chain = trained_chain(chains)
+        chains = episode_chains(join_calls(records), records[-1] if records else None)
         failure, message = failure_of(outcome.error, outcome.timed_out), outcome.error
         refused = [e for e in calls.refused if e.code == "policy_version_mismatch"]
         if refused:  # what the program did after a refusal is its own: the refusal is why
@@ -254,52 +255,62 @@ class AgentEpisodes:
         counts = dict.fromkeys(COUNTS, 0)
         counts.update({f"failed_{r}": int(failure == r) for r in FAILURES})
         counts["calls"], counts["chains"] = len(records), len(chains)
-        counts["untrained_calls"] = len(records) - (len(chain.calls) if chain else 0)
+        counts["untrained_calls"] = 0  # every sequence is a row now
         counts["other_sampling"] = sum(other_sampling(r, params) for r in records)
         counts["dropped"] = int(failure is not None and on_failure == "drop")
         counts["given"] = int(reward is not None or (failure is not None and on_failure == "zero"))
-        if chain is None:  # nothing sampled: one masked id, so that the row exists and trains nothing
+        if not chains:  # nothing sampled: one masked id, so that the row exists and trains nothing
             eos = self.tokenizer.eos_token_id
-            chain = Chain(list(prompt), [eos if eos is not None else 0], [0], [0.0])
+            chains = [Chain(list(prompt), [eos if eos is not None else 0], [0], [0.0])]
         decode = self.tokenizer.decode
-        turns = [Turn(decode(r.completion_ids, skip_special_tokens=True)) for r in chain.calls] or [Turn("")]
-        for j, ids in enumerate(chain.between):
-            turns[j] = dataclasses.replace(turns[j], observation=self.tokenizer.decode(ids))
+        sequences = []
+        for chain in chains:
+            turns = [Turn(decode(r.completion_ids, skip_special_tokens=True)) for r in chain.calls]
+            turns = turns or [Turn("")]
+            for j, ids in enumerate(chain.between):
+                turns[j] = dataclasses.replace(turns[j], observation=decode(ids))
+            text = decode(chain.calls[-1].completion_ids, skip_special_tokens=True) if chain.calls else ""
+            truncated = bool(chain.calls) and chain.calls[-1].finish_reason == "length"
+            sequences.append({"chain": chain, "turns": turns, "text": text, "truncated": truncated})
         if failure is not None:
+            turns = sequences[0]["turns"]
             turns[-1] = dataclasses.replace(turns[-1], error=f"agent failed ({failure}): {message}")
-        final = self.tokenizer.decode(records[-1].completion_ids, skip_special_tokens=True) if records else ""
-        truncated = bool(chain.calls) and chain.calls[-1].finish_reason == "length"
-        versions = [r.policy_version for r in records]
-        return {"chain": chain, "text": final, "truncated": truncated, "counts": counts, "turns": turns,
-                "reward": float(reward or 0.0), "failure": failure, "timed_out": failure == "timeout",
-                "versions": versions}
+        return {"sequences": sequences, "counts": counts, "reward": float(reward or 0.0), "failure": failure,
+                "timed_out": failure == "timeout", "versions": [r.policy_version for r in records]}
 
-    def _rollouts(self, rows: list[dict], examples: list[Example], n: int, version: int,
+    def _rollouts(self, episodes: list[dict], examples: list[Example], n: int, version: int,
                   seconds: float) -> Rollouts:
-        chains = [r["chain"] for r in rows]
+        """A row per sequence: an episode's first (its final call's) carries its counts, the others
+        zeros (metrics read first rows: `reasonrl.train.step_metrics.batch_metrics`)."""
+        rows = [(i, j, seq) for i, e in enumerate(episodes) for j, seq in enumerate(e["sequences"])]
+        chains = [seq["chain"] for _, _, seq in rows]
         logprobs = None
         if all(c.logprobs is not None for c in chains):
             logprobs = [torch.tensor(c.logprobs, dtype=torch.float32) for c in chains]
-        long = {name: torch.tensor([r["counts"][name] for r in rows], dtype=torch.long)
-                for name in (*COUNTS, *(f"failed_{f}" for f in FAILURES))}
+        names = (*COUNTS, *(f"failed_{f}" for f in FAILURES))
+        long = {name: torch.tensor([episodes[i]["counts"][name] if j == 0 else 0 for i, j, _ in rows],
+                                   dtype=torch.long) for name in names}
         zeros = torch.zeros(len(rows), dtype=torch.long)
-        failed = torch.tensor([r["failure"] is not None for r in rows], dtype=torch.long)
-        stats = EpisodeStats(environment=self.env.name, turns=[r["turns"] for r in rows], tool_calls=zeros,
-                             tool_errors=zeros.clone(), tool_timeouts=zeros.clone(),
-                             step_errors=failed,
-                             step_timeouts=torch.tensor([r["timed_out"] for r in rows], dtype=torch.long),
-                             reward=torch.tensor([r["reward"] for r in rows], dtype=torch.float32),
+
+        def first_only(key: str) -> torch.Tensor:
+            return torch.tensor([bool(episodes[i][key]) and j == 0 for i, j, _ in rows], dtype=torch.long)
+
+        stats = EpisodeStats(environment=self.env.name, turns=[seq["turns"] for _, _, seq in rows],
+                             tool_calls=zeros, tool_errors=zeros.clone(), tool_timeouts=zeros.clone(),
+                             step_errors=first_only("failure"), step_timeouts=first_only("timed_out"),
+                             reward=torch.tensor([episodes[i]["reward"] for i, _, _ in rows]),
                              seconds=seconds, agent=long)
-        served = [v for r in rows for v in r["versions"]]
+        served = [v for e in episodes for v in e["versions"]]
         return Rollouts(
             prompt_ids=[c.prompt for c in chains],
             completion_ids=[c.ids for c in chains],
-            texts=[r["text"] for r in rows],
-            group=torch.arange(len(examples)).repeat_interleave(n),
-            truncated=torch.tensor([r["truncated"] for r in rows], dtype=torch.bool),
-            examples=[e for e in examples for _ in range(n)],
+            texts=[seq["text"] for _, _, seq in rows],
+            group=torch.tensor([i // n for i, _, _ in rows], dtype=torch.long),
+            truncated=torch.tensor([seq["truncated"] for _, _, seq in rows], dtype=torch.bool),
+            examples=[examples[i // n] for i, _, _ in rows],
             sampler_logprobs=logprobs,
             policy_version=min([version, *served]),
             token_mask=[c.mask for c in chains],
             episodes=stats,
+            episode=torch.tensor([i % n for i, _, _ in rows], dtype=torch.long),
         )

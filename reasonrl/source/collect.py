@@ -10,10 +10,16 @@ all equal (std <= `dynamic_sampling_tol`) are dropped and new prompts sampled fo
 missing groups, for at most `max_resample` extra rounds; a batch still short after that
 trains on the groups it has. If no group at all was informative, the last round is returned
 with no trainable row (the step makes no update).
+
+An agent program's episode may be several rows (`Rollouts.episode`: one per sequence, when it
+rewrote its history): everything above sees one row per episode, its first (the one holding its
+final call: scored once, one reward per episode, its group's statistics over episodes), and the
+batch returned has every row, each with its episode's scores and reward (`split_rows`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -82,6 +88,9 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         examples = sampler.next(want - kept)
         rollouts = rollout.rollout(examples, sampling)
         seconds["rollout"] += time.perf_counter() - t
+        full = rollouts  # every row; `rollouts` below: one per episode (`split_rows`)
+        if full.episode is not None:  # an agent's episodes: scored once each, by their first row
+            rollouts = full.take(full.episode_rows()[0])
         if cfg.data.truncate_prompts == "left":  # the prompts sampled that lost their start
             cut += sum(n > 0 for n in prompt_cuts(rollout, examples, cfg.data.max_prompt_tokens))
         t = time.perf_counter()
@@ -92,10 +101,10 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         seconds["reward"] += time.perf_counter() - t
         if rollouts.episodes is not None:  # part of the rollout's time: its environment steps
             seconds["env"] = seconds.get("env", 0.0) + rollouts.episodes.seconds
-        generated += rollouts.model_lengths.sum().item()
+        generated += full.model_lengths.sum().item()
         sampled_rewards.append(scores.total)
         if not algo.dynamic_sampling:
-            parts.append((rollouts, scores, rewards))
+            parts.append((rollouts, scores, rewards, full))
             break
         keep = informative_groups(rewards, rollouts.group, algo.dynamic_sampling_tol)
         kept_here = len(torch.unique(rollouts.group[keep]))
@@ -103,7 +112,12 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
             rows = torch.nonzero(keep).flatten().tolist()
             part = rollouts.take(rows)
             part.group = renumber_groups(part.group) + kept  # after the groups kept so far
-            parts.append((part, scores.take(rows), rewards[rows]))
+            whole = part
+            if full is not rollouts:  # the kept groups' every row, their groups numbered alike
+                kept_rows = torch.isin(full.group, rollouts.group[keep])
+                whole = full.take(torch.nonzero(kept_rows).flatten().tolist())
+                whole.group = renumber_groups(whole.group) + kept
+            parts.append((part, scores.take(rows), rewards[rows], whole))
         kept, dropped = kept + kept_here, dropped + int(rollouts.group.max().item()) + 1 - kept_here
         if kept >= want or rounds >= algo.max_resample:
             break
@@ -111,6 +125,7 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
     if parts:
         rollouts, scores = Rollouts.concat([p[0] for p in parts]), Scores.concat([p[1] for p in parts])
         rewards = torch.cat([p[2] for p in parts])
+        full = rollouts if parts[0][3] is parts[0][0] else Rollouts.concat([p[3] for p in parts])
     # nothing informative: the last round stays for the metrics, no row is trained on
     trainable = torch.full((len(rollouts),), bool(parts), dtype=torch.bool)
     stats = {"rollout/dropped_groups": float(dropped), "rollout/resample_rounds": float(rounds),
@@ -127,4 +142,17 @@ def collect_batch(rollout, sampler: PromptSampler, sampling: SamplingParams, cfg
         stats["reward/mean_before_filter"] = torch.cat(sampled_rewards).mean().item()
     if cfg.data.truncate_prompts == "left":
         stats["data/truncated_prompts"] = float(cut)
-    return StepBatch(rollouts, scores, rewards, trainable, stats, seconds)
+    batch = StepBatch(rollouts, scores, rewards, trainable, stats, seconds)
+    return batch if full is rollouts else split_rows(batch, full)
+
+
+def split_rows(batch: StepBatch, full: Rollouts) -> StepBatch:
+    """`batch` (one row per episode) over `full`'s rows (`Rollouts.episode`: an agent episode
+    that rewrote its history trains each of its sequences as a row): every row of an episode gets
+    its episode's scores, reward and trainable flag, so that the advantage stage gives them its
+    episode's advantage (`reasonrl.train.advantage_stage.episode_advantages`)."""
+    of = full.episode_rows()[1]
+    if len(of) and int(of.max()) + 1 != len(batch.rollouts):
+        raise ValueError(f"{int(of.max()) + 1} episodes in the rows, {len(batch.rollouts)} scored")
+    return dataclasses.replace(batch, rollouts=full, scores=batch.scores.take(of.tolist()),
+                               rewards=batch.rewards[of], trainable=batch.trainable[of])

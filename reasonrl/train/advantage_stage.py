@@ -19,6 +19,9 @@ and neither whiten the others nor train the critic.
 With a teacher (on-policy distillation, `teacher.path`) the estimator's advantages, times
 teacher.task_weight, gain each token's coef x (log pi_teacher - log pi_student) from the teacher
 stage's log-probs (`distilled`, `reasonrl.algo.distill`): per-token advantages [N, T].
+An agent episode that is several rows (`Rollouts.episode`) has one reward and one advantage,
+estimated over episodes and given to each of its rows (`episode_advantages`: how the loss then
+weighs them); a critic's runs over each row as its own sequence, the episode's reward at its end.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
     stage; None without a critic). The mean summed KL is `train/kl_in_reward`; `batch` is
     not changed."""
     rollouts, unscored = batch.rollouts, batch.scores.unscored
+    if rollouts.episode is not None and not needs_critic(algo.advantage):
+        return episode_advantages(batch, token_kl, algo)
     metrics: dict[str, float] = {}
     if token_kl is not None:
         # the model's tokens only: an episode's environment tokens are context, not actions
@@ -160,6 +165,43 @@ def task_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
     critic_batch = CriticBatch(rollouts.prompt_ids, rollouts.completion_ids, returns_full, values, trainable,
                                rollouts.token_mask)
     return full, critic_batch, metrics
+
+
+def _episode_kl(rollouts: Rollouts, token_kl: list[torch.Tensor]) -> torch.Tensor:
+    """[E] each episode's KL to the reference summed over the model tokens of all its rows."""
+    first, of = rollouts.episode_rows()
+    rows = torch.stack([(k * torch.tensor(m, dtype=k.dtype)).sum()
+                        for k, m in zip(token_kl, rollouts.token_mask, strict=True)])
+    return torch.zeros(len(first), dtype=rows.dtype).index_add_(0, of, rows)
+
+
+def episode_advantages(batch: StepBatch, token_kl: list[torch.Tensor] | None,
+                       algo: AlgoConfig) -> tuple[torch.Tensor, None, dict[str, float]]:
+    """([N] a group estimator's advantages, None, metrics) when an episode may be several rows
+    (`Rollouts.episode`: an agent program that rewrote its history, each sequence a row):
+    estimated over episodes, one reward each (its first row's: `reasonrl.source.collect.split_rows`
+    gave its rows the same), grouped by prompt, with KL in the reward the KL summed over all its rows' model
+    tokens; an unscored episode is left out of its group's statistics; then every row gets its
+    episode's advantage. With one row per episode this is `task_advantages`' own estimate.
+
+    How a split episode weighs in the loss: each of its rows is a sequence of the step with the
+    episode's advantage on its model tokens. Under `algo.loss_agg=token` every sampled token
+    weighs the same wherever it sits, so a split episode weighs by its sampled tokens, as if
+    joined; under the sequence means (`sequence`, `seq_mean_token_sum`, Dr. GRPO's) it counts
+    as as many sequences as it has rows, each normalised on its own (`Totals.of` counts rows).
+    That is what prime-rl's interleaved trajectories do when the extension property breaks
+    (PrimeIntellect-ai/prime-rl docs/training/trajectories.md: a new training sample from that
+    step) and SkyRL's step-wise trajectories (NovaSky-AI/SkyRL, generator.step_wise_trajectories:
+    one sample per step, the final step's advantage given to all, so longer trajectories
+    contribute more samples)."""
+    rollouts = batch.rollouts
+    first, of = rollouts.episode_rows()
+    rewards, metrics = batch.rewards[first].float(), {}
+    if token_kl is not None:  # train/kl_in_reward: the mean over episodes
+        kl = _episode_kl(rollouts, token_kl)
+        rewards, metrics["train/kl_in_reward"] = rewards - algo.beta * kl, kl.mean().item()
+    inputs = AdvantageInputs(rewards, rollouts.group[first], algo.std_eps, std_ddof=algo.std_ddof)
+    return scored_advantages(algo.advantage, inputs, batch.scores.unscored[first])[of], None, metrics
 
 
 def critic_metrics(values: torch.Tensor, returns: torch.Tensor, advantages: torch.Tensor,

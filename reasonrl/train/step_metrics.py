@@ -21,7 +21,16 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
     the rows none applied to, and each value the reward functions logged is its mean over the
     rows that logged it (`reward/verl/acc`). Token advantages
     [N, T] (a critic's) are summarised over the model tokens of the `trainable` rows. Response
-    lengths count the model's tokens; multi-turn episodes add `episode_metrics`."""
+    lengths count the model's tokens; multi-turn episodes add `episode_metrics`. An agent episode
+    that trains as several rows (`Rollouts.episode`) counts once, by its first row (its final call's
+    sequence; its advantage is its episode's), every sampled token in tokens per second."""
+    if batch.rollouts.episode is not None:
+        first = batch.rollouts.episode_rows()[0]
+        stats = {"rollout/generated_tokens": batch.rollouts.model_lengths.sum().item(), **batch.stats}
+        batch = StepBatch(batch.rollouts.take(first), batch.scores.take(first), batch.rewards[first],
+                          batch.trainable[first], stats, batch.seconds)
+        advantages = advantages[first]
+        trainable = None if trainable is None else trainable[first]
     rollouts, scores = batch.rollouts, batch.scores
     lengths = rollouts.model_lengths
     if advantages.dim() == 2:

@@ -331,7 +331,9 @@ class Trainer:
         """One completion from each of the first `trainer.log_samples` groups (more variety
         than one group's)."""
         rollouts, scores, n = batch.rollouts, batch.scores, self.cfg.rollout.n
-        picks = [i for i in range(0, len(rollouts), n)][: self.cfg.trainer.log_samples]
+        starts = range(0, len(rollouts), n) if rollouts.episode is None else \
+            sorted({int(g): i for i, g in reversed(list(enumerate(rollouts.group.tolist())))}.values())
+        picks = list(starts)[: self.cfg.trainer.log_samples]  # an agent's split episodes: their first rows
         rows = [{"prompt": rollouts.examples[i].prompt, "ground_truth": rollouts.examples[i].ground_truth,
                  "completion": rollouts.texts[i], "reward": scores.total[i].item(),
                  "components": {k: v[i].item() for k, v in scores.components.items()},

@@ -77,7 +77,8 @@ def test_calls_that_extend_are_one_sequence_with_the_environment_masked(engine, 
     log = logged(worker)
     torch.manual_seed(0)
     r = worker.rollout(EXAMPLES, SamplingParams(n=2, max_new_tokens=8))
-    assert len(r) == 4 and r.group.tolist() == [0, 0, 1, 1]
+    assert len(r) == 4 and r.group.tolist() == [0, 0, 1, 1] and r.episode.tolist() == [0, 1, 0, 1]
+    assert r.episode_rows()[0] == [0, 1, 2, 3]  # joined: a row per episode
     agent = r.episodes.agent
     assert agent["calls"].tolist() == [2] * 4 and agent["chains"].tolist() == [1] * 4
     by_episode: dict[str, list] = {}
@@ -105,26 +106,119 @@ def test_calls_that_extend_are_one_sequence_with_the_environment_masked(engine, 
 
 
 @needs_openai
-def test_a_history_rewrite_is_split_and_the_longest_sequence_trained(engine, tokenizer):
+def test_a_history_rewrite_trains_every_sequence_as_a_row_of_its_episode(engine, tokenizer):
     worker = agent_worker(engine, tokenizer, f"env.fn={AGENTS}:rewrites_history")
     log = logged(worker)
     r = worker.rollout(EXAMPLES[:1], SamplingParams(n=2, max_new_tokens=6), seeds=[1])
-    agent = r.episodes.agent
-    assert agent["chains"].tolist() == [2, 2] and agent["untrained_calls"].tolist() == [1, 1]
-    m = agent_metrics(agent)
-    assert (m["agent/joined"], m["agent/split"]) == (0, 2)
+    assert len(r) == 4 and r.group.tolist() == [0] * 4 and r.episode.tolist() == [0, 0, 1, 1]
+    assert r.episode_rows()[0] == [0, 2] and r.episode_rows()[1].tolist() == [0, 0, 1, 1]
+    agent = r.episodes.agent  # an episode's counts on its first row, zeros on the others
+    assert agent["chains"].tolist() == [2, 0, 2, 0] and agent["calls"].tolist() == [2, 0, 2, 0]
+    assert agent["untrained_calls"].tolist() == [0] * 4
+    m = agent_metrics(r.take(r.episode_rows()[0]).episodes.agent)
+    assert (m["agent/episodes"], m["agent/joined"], m["agent/split"]) == (2, 0, 2)
+    assert m["agent/untrained_calls"] == 0
     episodes: dict[str, list] = {}
     for record in log.records:
         episodes.setdefault(record.episode, []).append(record)
+    assert [len(calls) for calls in episodes.values()] == [2, 2]
     expected = []
-    for calls in episodes.values():
-        longest = max(reversed(calls), key=lambda x: len(x.completion_ids))
-        # the reward function scores the episode's final answer: the last call's
+    for calls in episodes.values():  # the final call's sequence first, then the other; each all model ids
         text = tokenizer.decode(calls[-1].completion_ids, skip_special_tokens=True)
-        expected.append((longest.prompt_ids, longest.completion_ids, [1] * len(longest.completion_ids), text))
-    got = [(r.prompt_ids[i], r.completion_ids[i], r.token_mask[i], r.texts[i]) for i in range(2)]
+        expected.append([(c.prompt_ids, c.completion_ids, [1] * len(c.completion_ids), list(c.logprobs))
+                         for c in (calls[1], calls[0])] + [text])
+    got = [[(r.prompt_ids[i], r.completion_ids[i], r.token_mask[i], r.sampler_logprobs[i].tolist())
+            for i in (e, e + 1)] + [r.texts[e]] for e in (0, 2)]
     assert sorted(got) == sorted(expected)
     assert not agent["given"].any()
+
+
+class Prompts:
+    """A prompt sampler of the same examples, again and again."""
+
+    def __init__(self, examples):
+        self.examples = examples
+
+    def next(self, count):
+        return [self.examples[i % len(self.examples)] for i in range(count)]
+
+
+@needs_openai
+def test_a_split_episodes_sequences_share_its_advantage(engine, tokenizer):
+    from reasonrl.source.collect import collect_batch
+    from reasonrl.train.advantage_stage import estimate_advantages
+    from reasonrl.train.step_metrics import batch_metrics
+
+    cfg = agent_cfg(f"env.fn={AGENTS}:rewrites_history_scored", "trainer.batch_size=4", "rollout.n=2")
+    worker = RolloutWorker(engine, tokenizer, env=environment_spec(cfg.env))
+    batch = collect_batch(worker, Prompts(EXAMPLES), SamplingParams(n=2, max_new_tokens=6), cfg)
+    r = batch.rollouts  # 2 prompts x 2 episodes x 2 sequences
+    assert len(r) == 8 and r.group.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert r.episode.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0] * 2  # the episode's, on each of its rows
+    assert batch.trainable.all() and len(batch.scores.total) == 8
+    assert all(sum(m) == len(m) > 0 for m in r.token_mask)  # every sequence's ids are sampled ids
+    advantages, _, _ = estimate_advantages(batch, None, None, batch.trainable, cfg.algo)
+    # GRPO over each prompt's 2 episodes, rewards 1 and 0: mean 0.5, std (ddof 1) sqrt(0.5)
+    a = 0.5 / (0.5 ** 0.5 + cfg.algo.std_eps)
+    assert advantages.tolist() == pytest.approx([a, a, -a, -a] * 2, abs=1e-6)
+    assert advantages[0] == advantages[1] and advantages[2] == advantages[3]
+    m = batch_metrics(batch, advantages, batch.trainable)  # per episode
+    assert (m["agent/episodes"], m["agent/split"], m["agent/untrained_calls"]) == (4, 4, 0)
+    assert m["reward/mean"] == 0.5 and m["advantage/mean"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_episode_advantages_over_constructed_rows():
+    """Hand-built: prompt 0's 3 episodes, the first split in 2 rows and the last in 2; rewards
+    1, 0, 0.5: the advantages are the episodes' GRPO ones, given to each of their rows; with one
+    row per episode (joined) the same as before."""
+    from reasonrl.batch import Rollouts, Scores, StepBatch
+    from reasonrl.config import AlgoConfig
+    from reasonrl.source.collect import split_rows
+    from reasonrl.train.advantage_stage import estimate_advantages
+
+    ex = Example("q", "a")
+    full = Rollouts(prompt_ids=[[1]] * 5, completion_ids=[[2, 3], [4], [5, 6, 7], [8], [9, 10]],
+                    texts=["x"] * 5, group=torch.zeros(5, dtype=torch.long),
+                    truncated=torch.zeros(5, dtype=torch.bool), examples=[ex] * 5,
+                    episode=torch.tensor([0, 0, 1, 2, 2]))
+    first, of = full.episode_rows()
+    assert first == [0, 2, 3] and of.tolist() == [0, 0, 1, 2, 2]
+    view = full.take(first)
+    rewards = torch.tensor([1.0, 0.0, 0.5])
+    batch = split_rows(StepBatch(view, Scores(rewards.clone(), {}), rewards, torch.ones(3, dtype=torch.bool)),
+                       full)
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.5, 0.5] and len(batch.scores.total) == 5
+    algo = AlgoConfig()
+    advantages, _, _ = estimate_advantages(batch, None, None, batch.trainable, algo)
+    # mean 0.5, std (ddof 1) sqrt((0.25 + 0.25 + 0) / 2) = 0.5
+    a = 0.5 / (0.5 + algo.std_eps)
+    assert advantages.tolist() == pytest.approx([a, a, -a, 0.0, 0.0], abs=1e-7)
+    # the joined case: one row per episode, as every other environment's rows
+    joined = dataclasses.replace(view, episode=torch.tensor([0, 1, 2]))
+    every = torch.ones(3, dtype=torch.bool)
+    one, plain = (estimate_advantages(StepBatch(r, Scores(rewards, {}), rewards, every), None, None, every,
+                                      algo)[0] for r in (joined, view))
+    assert torch.equal(one, plain) and torch.equal(one, advantages[first])
+
+
+def test_the_loss_weighs_a_split_episodes_rows_as_sequences_of_the_step():
+    """Hand-computed: per-token loss -A (ratio 1), episode 0 split in rows of 2 and 3 model tokens
+    (A = 1, both), episode 1 one row of 5 (A = -1). Token mean: every token once, as if joined:
+    (-2 - 3 + 5) / 10 = 0. Sequence mean: episode 0 is 2 of the step's 3 sequences: (-1 - 1 + 1) / 3."""
+    from reasonrl.algo import Totals, aggregate
+
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
+    per_token = -torch.tensor([1.0, 1.0, -1.0])[:, None] * torch.ones(3, 5)
+    totals = Totals.of([2, 3, 5])
+    assert (totals.tokens, totals.sequences) == (10.0, 3.0)
+    token = aggregate(per_token, mask, "token", totals.tokens, totals.sequences)
+    sequence = aggregate(per_token, mask, "sequence", totals.tokens, totals.sequences)
+    assert token.item() == pytest.approx(0.0) and sequence.item() == pytest.approx(-1 / 3)
+    # summed over micro-batches of one row each: the same (the step's totals, not the micro-batch's)
+    parts = [aggregate(per_token[i:i + 1], mask[i:i + 1], "sequence", totals.tokens, totals.sequences)
+             for i in range(3)]
+    assert sum(p.item() for p in parts) == pytest.approx(-1 / 3)
 
 
 @needs_openai
@@ -217,6 +311,22 @@ def test_agent_config_trains_two_steps_and_writes_metrics(tmp_path):
     for line in steps:
         assert line["agent/episodes"] == 4 and line["agent/failed"] == 0
         assert line["agent/joined"] + line["agent/split"] == 4 and line["agent/calls_per_episode"] >= 1
+
+
+@needs_openai
+def test_a_history_rewriting_agent_trains_two_steps(tmp_path):
+    from reasonrl.cli import main
+
+    assert main(["train", "configs/agent.yaml", "model.path=tiny", "trainer.steps=2", "trainer.batch_size=4",
+                 "rollout.n=2", "rollout.max_new_tokens=8", "data.arithmetic.val_size=2", "eval.n=1",
+                 f"env.fn={AGENTS}:rewrites_history_scored", "trainer.progress=false",
+                 f"trainer.output_dir={tmp_path}", "trainer.run_name=r"]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["step"] >= 1]
+    assert len(steps) == 2
+    for line in steps:  # 4 episodes of 2 sequences each: 8 rows trained, metrics per episode
+        assert (line["agent/episodes"], line["agent/split"], line["agent/untrained_calls"]) == (4, 4, 0)
+        assert line["reward/mean"] == 0.5 and line["agent/failed"] == 0
 
 
 # ---- the equivalence: the turn loop in process vs the same loop as an agent program ----------
