@@ -264,8 +264,10 @@ def test_a_reward_worker_that_dies_is_counted_and_replaced(monkeypatch):
 
 
 def test_the_memory_bound_is_a_config_key_and_a_models_worker_has_none(monkeypatch):
+    import resource
+
     from reasonrl.errors import ConfigError
-    from reasonrl.rewards import model_reward
+    from reasonrl.placement import build_workers
     from reasonrl.rewards.verifiers import verifier_for
 
     cfg = load_config(SMOKE, [f"reward.fn={HOSTILE}:one", "reward.max_memory_mb=1024"])  # imported: a real fn
@@ -278,7 +280,15 @@ def test_the_memory_bound_is_a_config_key_and_a_models_worker_has_none(monkeypat
         load_config(SMOKE, ["reward.max_memory_mb=100"])
     with pytest.raises(ConfigError, match=r"^reward.max_memory_mb: must be > 0, or 0 for no bound, got -1$"):
         load_config(SMOKE, ["reward.max_memory_mb=-1"])
-    assert model_reward.process_host({"load_timeout": 1.0}).max_memory_mb == 0  # it loads a model
+    # a judge's process loads a model: reward.max_memory_mb bounds the reward workers, never it
+    judge_cfg = load_config(REPO / "configs" / "judge.yaml", ["model.path=tiny", "reward.model.path=tiny",
+                                                               "reward.max_memory_mb=1024"])
+    workers = build_workers(judge_cfg, roles=("judge",))
+    try:
+        pid = workers.judge.proc.pid
+        assert resource.prlimit(pid, resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY
+    finally:
+        workers.close()
 
 
 # data: one enormous line
