@@ -451,7 +451,10 @@ def missing_extra(argv: list[str], cwd: Path) -> str | None:
              **{name: cfg and name in cfg.tracking.backends for name in ("tensorboard", "wandb")},
              "openenv": cfg and "openenv_echo.py" in cfg.env.fn,  # the real OpenEnv package's class
              "verifiers": cfg and cfg.data.task == "verifiers",
-             "reasoning_gym": cfg and cfg.data.task == "reasoning_gym"}
+             "reasoning_gym": cfg and cfg.data.task == "reasoning_gym",
+             # an agent episode talks to the endpoint (the serve extra); a function agent, through openai
+             **{name: cfg and cfg.env.format == "agent" for name in ("fastapi", "uvicorn")},
+             "openai": cfg and cfg.env.format == "agent" and not cfg.env.agent.command}
     return next((f"needs {module}, which is not installed" for module, needed in needs.items()
                  if needed and importlib.util.find_spec(module) is None), None)
 
