@@ -145,7 +145,7 @@ def activations(args) -> None:
         peaks[rows] = (status_kib(os.getpid(), "VmHWM") - before) * 1024
         print(f"micro-batch of {rows} x {args.prompt + args.completion} tokens: step peak over the RSS "
               f"before it {peaks[rows] / 2**20:.0f} MiB", flush=True)
-        del policy, model
+        del policy
         release_free_memory()
     per_token = (peaks[8] - peaks[2]) / (6 * (args.prompt + args.completion))
     layers, hidden = model_shape(args.model)
