@@ -179,7 +179,7 @@ def test_recipe_normalises_groups_as_easyrl():
     algo = load_config(RECIPE).algo
     assert (algo.advantage, algo.std_eps, algo.std_ddof) == ("grpo", 1e-8, 0)
     batch = SimpleNamespace(rewards=torch.tensor([1.0, 0, 0, 0]),
-                            rollouts=SimpleNamespace(group=torch.tensor([0, 0, 0, 0])),
+                            rollouts=SimpleNamespace(group=torch.tensor([0, 0, 0, 0]), episode=None),
                             scores=SimpleNamespace(unscored=torch.zeros(4, dtype=torch.bool)))  # all scored
     advantages, _, _ = estimate_advantages(batch, None, None, torch.ones(4, dtype=torch.bool), algo)
     torch.testing.assert_close(advantages, torch.tensor([1.7320508, -0.5773503, -0.5773503, -0.5773503]),

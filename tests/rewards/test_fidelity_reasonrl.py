@@ -172,7 +172,8 @@ def test_recipe_normalises_groups_with_reasonrls_population_std():
     algo = load_config(RECIPE).algo
     assert (algo.advantage, algo.std_eps, algo.std_ddof) == ("grpo", 1e-6, 0)
     rewards = torch.tensor([1.0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
-    batch = SimpleNamespace(rewards=rewards, rollouts=SimpleNamespace(group=torch.tensor([0] * 8 + [1] * 8)),
+    batch = SimpleNamespace(rewards=rewards,
+                            rollouts=SimpleNamespace(group=torch.tensor([0] * 8 + [1] * 8), episode=None),
                             scores=SimpleNamespace(unscored=torch.zeros(16, dtype=torch.bool)))  # all scored
     advantages, _, _ = estimate_advantages(batch, None, None, torch.ones(16, dtype=torch.bool), algo)
     expected = torch.tensor([1.7320468, 1.7320468] + [-0.5773489] * 6 + [0.0] * 8)
