@@ -13,7 +13,8 @@ import reasonrl.policy.frozen as frozen_module
 import reasonrl.policy.worker as worker_module
 import reasonrl.train.trainer as trainer_module
 from reasonrl.policy.forward import completion_logprobs as forward_logprobs
-from reasonrl.train.trainer import Trainer, logprobs_stage
+from reasonrl.train.stages import logprobs_stage
+from reasonrl.train.trainer import Trainer
 
 # KL in the reward, a teacher and a two-epoch update: the three consumers in one step
 ALL_THREE = ["teacher.path=tiny", "algo.beta=0.05", "algo.kl_in=reward", "algo.kl_estimator=k3",
