@@ -1,6 +1,7 @@
 """The typed configuration tree: YAML file + dotted command-line overrides.
 
-    schema.py   one dataclass per section; each field's type, default and own check (`param`)
+    schema.py   one dataclass per section; each field's type, default and own check (`param`);
+                the larger sections in modules of their own (reward.py, placement.py, sft.py, ...)
     loader.py   `load_config`: YAML (with `include:`), overrides, unknown keys, types, ranges
     rules.py    the rules across keys, grouped by the section whose key an error names; the
                 model-context check the preflight runs (`check_context`)
@@ -12,6 +13,7 @@ from reasonrl.config.fields import param
 from reasonrl.config.loader import MOVED, dump_yaml, load_config, parse_override, to_dict
 from reasonrl.config.placement import PlacementConfig, PolicyPlacement, RolloutPlacement, WorkerPlacement
 from reasonrl.config.reasoning_gym import ReasoningGymConfig
+from reasonrl.config.reward import RewardConfig, RewardModelConfig
 from reasonrl.config.rules import (
     RULES,
     after_prompt,
@@ -35,7 +37,6 @@ from reasonrl.config.schema import (
     ModelConfig,
     OptimConfig,
     PiecewiseConfig,
-    RewardConfig,
     RolloutConfig,
     TeacherConfig,
     TrackingConfig,
@@ -49,7 +50,8 @@ __all__ = [
     "DATA_FIELDS", "DEFAULT_SYSTEM_PROMPT", "MOVED", "RULES", "AlgoConfig", "ArithmeticConfig", "Config",
     "ConfigError", "CountdownConfig", "CriticConfig", "DataConfig", "EnvConfig", "EvalConfig", "LoraConfig",
     "ModelConfig", "OptimConfig", "PiecewiseConfig", "PlacementConfig", "PolicyPlacement",
-    "ReasoningGymConfig", "RewardConfig", "RolloutConfig", "RolloutPlacement", "TeacherConfig",
+    "ReasoningGymConfig", "RewardConfig", "RewardModelConfig", "RolloutConfig", "RolloutPlacement",
+    "TeacherConfig",
     "TrackingConfig", "TrainerConfig", "VLLMConfig", "WandbConfig", "WorkerPlacement", "after_prompt",
     "check_context", "check_device", "dump_yaml", "load_config", "param", "parse_override",
     "resolve_device", "to_dict", "validate",

@@ -19,13 +19,12 @@ from reasonrl.config.agent import agent_rules
 from reasonrl.config.openenv import openenv_rules
 from reasonrl.config.placement import PolicyPlacement, WorkerPlacement
 from reasonrl.config.reasoning_gym import reasoning_gym_rules
+from reasonrl.config.reward import RewardConfig, RewardModelConfig
 from reasonrl.config.schema import (
     AlgoConfig,
     Config,
     CriticConfig,
     EnvConfig,
-    RewardConfig,
-    RewardModelConfig,
     TeacherConfig,
 )
 from reasonrl.config.verifiers_tasks import verifiers_rules

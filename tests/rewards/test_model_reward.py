@@ -21,7 +21,7 @@ import torch
 
 from reasonrl.batch import Example
 from reasonrl.config import load_config
-from reasonrl.config.schema import RewardModelConfig
+from reasonrl.config.reward import RewardModelConfig
 from reasonrl.errors import ConfigError, ModelLoadError
 from reasonrl.placement import build_workers, roles
 from reasonrl.policy.reward_model import RewardModelWorker, load_reward_model
