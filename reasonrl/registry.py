@@ -247,8 +247,8 @@ PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewis
 MATH_SCORING = Registry("reward.math_rule", "reasonrl.rewards.math_equiv", "reasonrl.rewards.math_rules",
                         kind=MathRuleEntry)
 TOOLS = Registry("env.tools", "reasonrl.tools.calculator", "reasonrl.tools.python_tool", kind=ToolEntry)
-ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback", "reasonrl.envs.openenv",
-                        kind=EnvironmentEntry)
+ENVIRONMENTS = Registry("env.name", "reasonrl.envs.tool", "reasonrl.envs.feedback",
+                        "reasonrl.envs.openenv_server", kind=EnvironmentEntry)
 # env.fn's class: reasonrl's protocol, or another framework's style through its adapter; detected in
 # this order: OpenEnv's classes (a `state` property) before Gymnasium's (the same reset(seed=...))
 ENV_FORMATS = Registry("env.format", "reasonrl.envs.base", "reasonrl.envs.openenv", "reasonrl.envs.gym_env",

@@ -27,12 +27,11 @@ from reasonrl.envs.openenv import (
     EVAL_EPISODES_PER_CALL,
     OpenEnvEpisode,
     Renderer,
-    ServerEpisode,
-    check_sessions,
     class_fields,
     schema_fields,
     text_field,
 )
+from reasonrl.envs.openenv_server import ServerEpisode, check_sessions
 from reasonrl.errors import ConfigError
 from reasonrl.rollout import RolloutWorker, SamplingParams
 
