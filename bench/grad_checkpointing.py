@@ -43,8 +43,8 @@ def child(args: argparse.Namespace) -> dict:
 
     from reasonrl.batch import TrainBatch
     from reasonrl.config import AlgoConfig, OptimConfig
-    from reasonrl.policy.model import load_model_and_tokenizer
-    from reasonrl.policy.worker import PolicySettings, PolicyWorker
+    from reasonrl.model.load import load_model_and_tokenizer
+    from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     model, tokenizer = load_model_and_tokenizer(args.model, torch.float32, seed=0)

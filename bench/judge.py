@@ -54,8 +54,8 @@ sys.path.insert(0, str(REPO))
 
 from reasonrl.config import load_config  # noqa: E402
 from reasonrl.data import load_examples  # noqa: E402
+from reasonrl.model.load import resolve_model_dir  # noqa: E402
 from reasonrl.placement import build_workers  # noqa: E402
-from reasonrl.policy.model import resolve_model_dir  # noqa: E402
 from reasonrl.rewards import model_reward, score_examples  # noqa: E402
 from reasonrl.rewards.judging import classifier_text  # noqa: E402
 from reasonrl.rollout import SamplingParams  # noqa: E402

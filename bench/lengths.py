@@ -17,7 +17,7 @@ reward workers). Steps after the first count (the first pays the decoder calibra
 positions (rows of 512 tokens, or shorter rows for the small budgets), in milliseconds per
 position and peak RSS growth, and the same positions packed into one sequence with a
 block-diagonal mask (what packing costs without a variable-length attention kernel): the
-measurement behind the CPU's auto budget (reasonrl/policy/budget.py).
+measurement behind the CPU's auto budget (reasonrl/model/budget.py).
 
 `--update-sweep` times the update alone (`PolicyWorker.train_step`) on a random-weight model of
 the default model's shape, random tokens, with and without the token budget: for a GPU, where
@@ -107,7 +107,7 @@ def budgets(sizes: list[int], row_tokens: int, packed_max: int = 4096) -> None:
     import torch
 
     from reasonrl.accel import TrainingAccel
-    from reasonrl.policy.model import load_model_and_tokenizer
+    from reasonrl.model.load import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(None)
     TrainingAccel(model, kernels=True)
@@ -167,8 +167,8 @@ def update_sweep(lengths: list[int], device: str, dtypes: list[str], config_path
 
     from reasonrl.batch import TrainBatch
     from reasonrl.config import OptimConfig
-    from reasonrl.policy.model import default_model_dir
-    from reasonrl.policy.worker import PolicySettings, PolicyWorker
+    from reasonrl.model.load import default_model_dir
+    from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
     config = AutoConfig.from_pretrained(config_path or str(default_model_dir()))
     dev = torch.device(device)

@@ -30,7 +30,7 @@ import time
 import torch
 
 from reasonrl import accel
-from reasonrl.policy.model import load_model_and_tokenizer
+from reasonrl.model.load import load_model_and_tokenizer
 
 
 def median_time(fn, repeats: int) -> float:

@@ -101,7 +101,7 @@ def run_model(name: str, args) -> None:
     import torch
 
     from reasonrl.accel.lean_decode import mkl_packing
-    from reasonrl.policy.model import load_model_and_tokenizer
+    from reasonrl.model.load import load_model_and_tokenizer
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.hf import HFEngine
 
@@ -121,7 +121,7 @@ def run_model(name: str, args) -> None:
     engines = {d: HFEngine(model, tokenizer, decoder=d) for d in decoders}
     lora = None
     if name == "smollm2-lora":
-        from reasonrl.policy.lora import apply_lora
+        from reasonrl.model.lora import apply_lora
 
         lora = apply_lora(copy.deepcopy(model), 16, 32, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"], seed=0)

@@ -45,9 +45,9 @@ def measure(engine_name: str, args: argparse.Namespace) -> dict:
     from reasonrl.batch import Example
     from reasonrl.config import RolloutConfig
     from reasonrl.data import render_prompt
-    from reasonrl.policy.model import load_model_and_tokenizer
-    from reasonrl.policy.worker import PolicySettings, PolicyWorker
+    from reasonrl.model.load import load_model_and_tokenizer
     from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
+    from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out: dict = {"engine": engine_name, "threads": torch.get_num_threads()}

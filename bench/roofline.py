@@ -142,10 +142,10 @@ def main() -> None:
     from reasonrl.accel.calibrate import CHOICE_FLAGS, cpu_flags, cpu_model
     from reasonrl.batch import TrainBatch
     from reasonrl.config import OptimConfig
-    from reasonrl.policy.model import load_model_and_tokenizer
-    from reasonrl.policy.worker import PolicySettings, PolicyWorker
+    from reasonrl.model.load import load_model_and_tokenizer
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.hf import HFEngine
+    from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "

@@ -124,7 +124,7 @@ def activations(args) -> None:
     from reasonrl.batch import TrainBatch
     from reasonrl.config import load_config
     from reasonrl.placement import Host
-    from reasonrl.policy.worker import policy_from_config
+    from reasonrl.workers.policy import policy_from_config
 
     torch.set_num_threads(os.cpu_count() or 1)
     peaks = {}
@@ -159,7 +159,7 @@ def activations(args) -> None:
 def model_shape(path: str) -> tuple[int, int]:
     from transformers import AutoConfig
 
-    from reasonrl.policy.model import resolve_model_dir
+    from reasonrl.model.load import resolve_model_dir
 
     config = AutoConfig.from_pretrained(resolve_model_dir(path))
     return config.num_hidden_layers, config.hidden_size

@@ -289,7 +289,7 @@ def main() -> None:
         setup()
         return
 
-    from reasonrl.policy.model import default_model_dir
+    from reasonrl.model.load import default_model_dir
 
     model_dir = str(default_model_dir())
     trl_python = str(TRL_VENV / "bin" / "python")

@@ -172,7 +172,7 @@ def _count_model(cfg, AutoConfig):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.policy.model import TINY, build_tiny_model, resolve_model_dir
+    from reasonrl.model.load import TINY, build_tiny_model, resolve_model_dir
 
     if cfg.model.path == TINY:  # built, not read from a folder
         return list(build_tiny_model()[0].parameters())

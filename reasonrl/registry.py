@@ -232,15 +232,15 @@ IMPORTANCE_LEVELS = Registry("algo.importance_level", "reasonrl.algo.importance"
 LOSS_AGGREGATIONS = Registry("algo.loss_agg", "reasonrl.algo.aggregation")
 KL_ESTIMATORS = Registry("algo.kl_estimator", "reasonrl.algo.kl", kind=KLEntry)
 VALUE_LOSSES = Registry("critic.value_loss", "reasonrl.algo.value_loss")
-LR_SCHEDULES = Registry("optim.schedule", "reasonrl.policy.schedules")
+LR_SCHEDULES = Registry("optim.schedule", "reasonrl.learn.schedules")
 ENGINES = Registry("rollout.engine", "reasonrl.rollout.engines", kind=EngineEntry)
 DATA_TASKS = Registry("data.task", "reasonrl.data.tasks", "reasonrl.envs.verifiers_tasks", kind=DataTaskEntry)
 DATA_FORMATS = Registry("data.format", "reasonrl.data.formats", kind=DataFormatEntry)
 VERIFIERS = Registry("reward.task", *(f"reasonrl.rewards.{m}" for m in (
     "numeric", "gsm8k", "math_equiv", "countdown", "piecewise", "reasoning_gym", "verifiers_taskset")),
                      kind=VerifierEntry)
-# `judge` and `classifier` are scored by reward.model, the judge role (reasonrl.policy.reward_model)
-REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components", "reasonrl.policy.reward_model",
+# `judge` and `classifier` are scored by reward.model, the judge role (reasonrl.workers.judge)
+REWARD_COMPONENTS = Registry("reward.weights", "reasonrl.rewards.components", "reasonrl.workers.judge",
                              kind=RewardComponentEntry)
 COUNTDOWN_SCORING = Registry("reward.countdown_rule", "reasonrl.rewards.countdown", kind=CountdownRuleEntry)
 PIECEWISE_SCORING = Registry("reward.piecewise_rule", "reasonrl.rewards.piecewise")

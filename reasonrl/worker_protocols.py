@@ -1,9 +1,9 @@
 """The worker APIs the trainer (and the evaluation) call, declared.
 
-`PolicyWorker` (reasonrl.policy.worker, and its data-parallel ranks), `RolloutWorker`
-(reasonrl.rollout.worker), `CriticWorker` (reasonrl.policy.critic), `TeacherWorker`
-(reasonrl.policy.teacher), the reference served within the policy's worker
-(reasonrl.policy.frozen.ReferenceOf) and `RewardModelWorker` (reasonrl.policy.reward_model)
+`PolicyWorker` (reasonrl.workers.policy, and its data-parallel ranks), `RolloutWorker`
+(reasonrl.rollout.worker), `CriticWorker` (reasonrl.workers.critic), `TeacherWorker`
+(reasonrl.workers.teacher), the reference served within the policy's worker
+(reasonrl.workers.frozen.ReferenceOf) and `RewardModelWorker` (reasonrl.workers.judge)
 implement them as plain objects; `reasonrl.placement.roles` names the role of each.
 `reasonrl.placement` hands the trainer either those objects (local mode) or Ray proxies built
 from these protocols, method by method (ray mode): a method missing from a worker fails when its
@@ -106,7 +106,7 @@ class CriticWorkerAPI(Protocol):
 
 class TeacherWorkerAPI(Protocol):
     """The teacher of on-policy distillation (teacher.path): a frozen model
-    (reasonrl.policy.frozen.FrozenModel) that scores the student's samples and is never trained
+    (reasonrl.workers.frozen.FrozenModel) that scores the student's samples and is never trained
     nor given a weight sync."""
 
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],

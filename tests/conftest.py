@@ -34,7 +34,7 @@ def _test_home() -> Path:
 
 os.environ["REASONRL_HOME"] = str(_test_home())  # before reasonrl reads it
 
-from reasonrl.policy.model import build_tiny_model  # noqa: E402
+from reasonrl.model.load import build_tiny_model  # noqa: E402
 
 # The files that take longest, longest first (seconds in one process on 2 cores, from a junit
 # report of the whole suite): `make test` runs the suite in pytest-xdist workers that each take a
@@ -51,14 +51,14 @@ LONGEST_FIRST = [
     "rewards/test_model_reward.py",  # 75
     "e2e/test_golden.py",  # 58
     "checkpoint/test_resume_changes.py",  # 56
-    "policy/test_worker.py",  # 50
+    "workers/test_policy_worker.py",  # 50
     "e2e/test_distill_runs.py",  # 45
     "e2e/test_algo_grid.py",  # 45
     "e2e/test_judges.py",  # 43
     "e2e/test_e2e.py",  # 41
     "rewards/test_failures.py",  # 33
     "tools/test_tools.py",  # 28
-    "policy/test_scaling.py",  # 26
+    "workers/test_scaling.py",  # 26
     "sft/test_sft.py",  # 60-100, measured under load
 ]
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from reasonrl.algo import LossSettings, ValueLossSettings
 from reasonrl.batch import Rollouts
 from reasonrl.config import AlgoConfig, CriticConfig, OptimConfig, load_config
-from reasonrl.policy.forward import make_micro_batches
-from reasonrl.policy.learner import LAYOUT_METRICS
-from reasonrl.policy.worker import PolicySettings
+from reasonrl.learn.learner import LAYOUT_METRICS
+from reasonrl.model.forward import make_micro_batches
+from reasonrl.workers.policy import PolicySettings
 
 # |engine - policy| log-probs: the float rounding of two kernels (~1e-7), which another layout
 # (ranks, actors) rounds otherwise; nothing else of the run depends on it

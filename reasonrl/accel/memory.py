@@ -86,7 +86,7 @@ def flatten_adam_state(optimizer: torch.optim.Optimizer) -> None:
     """Put AdamW's `exp_avg` and `exp_avg_sq` of every parameter into two buffers (copying
     any existing values), creating the state a first `step` would create (zero moments,
     step 0) where there is none yet. `step` is then the same computation as with torch's
-    own lazily made tensors (tests/policy/test_worker.py)."""
+    own lazily made tensors (tests/workers/test_policy_worker.py)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     fused = any(group.get("fused") for group in optimizer.param_groups)
     for key in ("exp_avg", "exp_avg_sq"):

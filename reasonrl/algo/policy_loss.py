@@ -23,7 +23,7 @@ is finite, in value and gradient, at any log-ratio, and unchanged, bitwise, insi
 A loss's hyper-parameters are keys of the `algo` section, read from `ctx` by their config names
 (`ctx.sapo_tau_pos`): adding a loss with a new one is its decorated function here, its field in
 the schema's `AlgoConfig` and its test, nothing else. An out-of-tree loss (`algo.loss_fn`) has
-the same signature, plus `algo.loss_kwargs` as keyword arguments (`reasonrl.policy.worker`).
+the same signature, plus `algo.loss_kwargs` as keyword arguments (`reasonrl.workers.policy`).
 """
 
 from __future__ import annotations

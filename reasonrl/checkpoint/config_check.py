@@ -33,7 +33,7 @@ RESUME_SAFE_KEYS = (
 # Keys a resume can change when `--allow-config-change` lists them, each in force from the first
 # resumed step (tests/checkpoint/test_resume_changes.py changes each one and checks what that step used):
 # what the new value controls. The optimizer's settings are the run's, not the checkpoint's
-# (`reasonrl.policy.learner.Learner.apply_settings`), and the LR schedule is recomputed from the
+# (`reasonrl.learn.learner.Learner.apply_settings`), and the LR schedule is recomputed from the
 # new base LR at the resumed step.
 RESUME_CHANGEABLE = {
     "optim.lr": "the policy's learning rate (times the schedule's factor at the step)",

@@ -75,9 +75,9 @@ def newest_checkpoint(path: str) -> tuple[str, int]:
 
 def serve_command(args: argparse.Namespace) -> int:
     from reasonrl.config import load_config, resolve_device
+    from reasonrl.model.load import DEFAULT_MODEL_NAME, load_model_and_tokenizer
+    from reasonrl.model.precision import cast_for_compute, load_dtype
     from reasonrl.placement import model_positions, with_precision
-    from reasonrl.policy.model import DEFAULT_MODEL_NAME, load_model_and_tokenizer
-    from reasonrl.policy.precision import cast_for_compute, load_dtype
     from reasonrl.registry import ENGINES
     from reasonrl.rollout import make_engine
     from reasonrl.serve import Endpoint

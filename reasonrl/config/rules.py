@@ -227,7 +227,7 @@ def algo_rules(cfg: Config) -> None:
 
 def loss_fn_rules(a: AlgoConfig) -> None:
     """An out-of-tree policy loss (`algo.loss_fn`, loaded and its signature checked when the policy
-    worker is built: `reasonrl.policy.worker.policy_loss_fn`) replaces `algo.policy_loss`, and
+    worker is built: `reasonrl.workers.policy.policy_loss_fn`) replaces `algo.policy_loss`, and
     `algo.loss_kwargs` are its alone."""
     if not a.loss_fn:
         need(not a.loss_kwargs, f"algo.loss_kwargs: {sorted(a.loss_kwargs)} are keyword arguments of an "

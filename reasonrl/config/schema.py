@@ -255,7 +255,7 @@ class OptimConfig:
     weight_decay: float = param(0.0, ge=0)
     betas: list[float] = param([0.9, 0.99], ge=0, lt=1)  # AdamW's (beta1, beta2), each in [0, 1)
     eps: float = param(1e-8, ge=0)
-    # the LR schedule after the warm-up: an LR_SCHEDULES entry (reasonrl/policy/schedules.py)
+    # the LR schedule after the warm-up: an LR_SCHEDULES entry (reasonrl/learn/schedules.py)
     schedule: str = param("constant", choices=LR_SCHEDULES)
     warmup_ratio: float = param(0.0, ge=0, lt=1)
     min_lr_ratio: float = param(0.0, ge=0, le=1)
@@ -263,7 +263,7 @@ class OptimConfig:
     micro_batch_size: int = param(8, ge=1)  # rows per forward/backward at most; the gradient does not change
     # positions (prompt + completion, padding included) per forward/backward at most: bounds the
     # update's memory whatever the response length; 0 = auto from the model and the machine's
-    # memory (reasonrl/policy/budget.py: 2,048 on a CPU for a small model). The gradient does not change
+    # memory (reasonrl/model/budget.py: 2,048 on a CPU for a small model). The gradient does not change
     max_tokens_per_micro_batch: int = param(0, ge=0, zero="auto")
     # run each prompt once per micro-batch for all its completions (a GRPO group shares it):
     # same log-probs and gradient, fewer tokens through the model

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from reasonrl import console
 from reasonrl.config import Config
+from reasonrl.model.precision import resolve
 from reasonrl.placement.actors import build_ray_workers, ray_device
 from reasonrl.placement.local import Workers, build_here, build_local_workers, local_device
 from reasonrl.placement.preflight import (
@@ -42,7 +43,6 @@ from reasonrl.placement.sync import (
     share_weights,
     unshare_weights,
 )
-from reasonrl.policy.precision import resolve
 from reasonrl.registry import ENGINES
 from reasonrl.weights import probe_ids
 
@@ -83,7 +83,7 @@ def side_beside(cfg: Config) -> bool:
 
 def precision_decision(cfg: Config) -> tuple[str, str | None]:
     """(the precision `model.precision` resolves to here, why; None when it was not `auto`):
-    `reasonrl.policy.precision.resolve` at the policy's device and a micro-batch's positions.
+    `reasonrl.model.precision.resolve` at the policy's device and a micro-batch's positions.
     The only place a config's `auto` is resolved: a run's automatic choices
     (`reasonrl.train.choices`) and `with_precision` both ask it."""
     device = role_device(cfg, "policy")

@@ -8,7 +8,7 @@ on the Ray at `placement.address` or on one started for the run. The trainer get
 (`reasonrl.placement.proxies`) with the same methods. Every wait has a timeout and an error
 naming the worker and the resources it asks for (an actor Ray cannot place otherwise waits
 forever, silently). `placement.policy.ranks=N` makes the policy a group of N data-parallel
-ranks (`reasonrl.policy.parallel`: torch.distributed + FSDP2, with or without LoRA), and
+ranks (`reasonrl.workers.ranks`: torch.distributed + FSDP2, with or without LoRA), and
 `placement.critic.ranks` the critic; `placement.rollout.replicas=N` makes N rollout actors
 behind one proxy. Weights go from the policy's actors to the rollout actors through Ray's
 object store, never through this process (`sync.StreamedBuckets`, its plan fixed here).

@@ -14,8 +14,8 @@ import torch
 from reasonrl.config import Config, check_context
 from reasonrl.envs import environment_spec
 from reasonrl.errors import ConfigError
+from reasonrl.model.load import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
 from reasonrl.placement.roles import active
-from reasonrl.policy.model import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
 from reasonrl.registry import ENGINES, ENVIRONMENTS
 from reasonrl.tracking import missing_extra
 

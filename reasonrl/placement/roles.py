@@ -18,7 +18,7 @@ base with the adapter switched off, no copy). Its row builds no worker and start
 proxy), placed by that role's section (`placement.policy`).
 
 Rows are built in table order in one process (local placement): the policy before its rollout
-engine, which may share its model (`reasonrl.policy.colocate`).
+engine, which may share its model (`reasonrl.model.colocate`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,6 @@ from typing import Any
 
 from reasonrl.config import Config
 from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout, remote_class
-from reasonrl.policy.critic import CriticWorker
-from reasonrl.policy.frozen import ReferenceOf, wants_reference
-from reasonrl.policy.parallel import rank_critic, rank_policy
-from reasonrl.policy.reward_model import RewardModelWorker, judge_kind
-from reasonrl.policy.teacher import TeacherWorker, check_tokenizers, teacher_source
-from reasonrl.policy.worker import policy_from_config, policy_loss_fn
 from reasonrl.registry import needs_critic
 from reasonrl.rollout import RolloutWorker
 from reasonrl.worker_protocols import (
@@ -45,6 +39,12 @@ from reasonrl.worker_protocols import (
     RolloutWorkerAPI,
     TeacherWorkerAPI,
 )
+from reasonrl.workers.critic import CriticWorker
+from reasonrl.workers.frozen import ReferenceOf, wants_reference
+from reasonrl.workers.judge import RewardModelWorker, judge_kind
+from reasonrl.workers.policy import policy_from_config, policy_loss_fn
+from reasonrl.workers.ranks import rank_critic, rank_policy
+from reasonrl.workers.teacher import TeacherWorker, check_tokenizers, teacher_source
 
 # The policy's weights leave its actor as zero-copy tensors (the receiver maps the object
 # store's memory read-only and copies them into its model). Only the policy gets it: the

@@ -1,6 +1,6 @@
 """What a reward model or a generative judge computes from a loaded model: the text it reads,
 one batched forward (or a short greedy answer), and the score read from it. No processes and no
-loading here: `reasonrl.policy.reward_model` loads the model in its worker and calls these.
+loading here: `reasonrl.workers.judge` loads the model in its worker and calls these.
 
 Two kinds (`reward.weights` names them; `reward.model` says which model):
 

@@ -27,7 +27,7 @@ Works on any causal LM transformers loads, on CPU and GPU. What it does that
 
 Log-probs (`Generation.logprobs`): for each sampled token, log softmax(logits / temperature)
 at that token, in float32 (`token_logprobs`): the quantity the policy worker computes for the
-same completion (`reasonrl.policy.forward.completion_logprobs` at `rollout.temperature`: the
+same completion (`reasonrl.model.forward.completion_logprobs` at `rollout.temperature`: the
 temperature applied, no top-k / top-p renormalisation). On-policy, the ratio
 exp(trainer - engine) is then 1 up to float rounding (two kernels: this decoder's forward and
 the training forward), so `train/logprob_diff_*` and the IS corrections' weights measure only the

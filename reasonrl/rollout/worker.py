@@ -88,12 +88,12 @@ class RolloutWorker:
     @classmethod
     def from_config(cls, cfg, host) -> RolloutWorker:
         """The rollout role: an engine (`rollout.engine`) over `model.path`'s model
-        (`reasonrl.policy.colocate.base_model`: the HF engine shares the policy's in one process,
+        (`reasonrl.model.colocate.base_model`: the HF engine shares the policy's in one process,
         a plain copy with LoRA), computing in the precision's compute dtype; then the run's seed,
         so that an engine in a process of its own samples as the colocated one does (the trainer
         seeds after building the workers of its own process)."""
-        from reasonrl.policy.colocate import base_model
-        from reasonrl.policy.precision import cast_for_compute
+        from reasonrl.model.colocate import base_model
+        from reasonrl.model.precision import cast_for_compute
         from reasonrl.rng import seed_everything
         from reasonrl.rollout.engines import make_engine
 
@@ -112,7 +112,7 @@ class RolloutWorker:
         from reasonrl.envs import environment_spec
 
         if tokenizer is None:
-            from reasonrl.policy.model import load_tokenizer
+            from reasonrl.model.load import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision)
         d = cfg.data

@@ -1,5 +1,5 @@
 """SFT records as token rows: a prompt, a completion and the completion's loss mask, the layout
-the learner's micro-batches already take (`reasonrl.policy.forward.make_micro_batches`: the
+the learner's micro-batches already take (`reasonrl.model.forward.make_micro_batches`: the
 prompt is context, the completion's tokens are targets where the mask is 1; a multi-turn
 episode's environment tokens are masked the same way).
 

@@ -39,8 +39,8 @@ from reasonrl.config import AlgoConfig, Config, CriticConfig, TeacherConfig, to_
 from reasonrl.data import PromptSampler, system_prompt_for, take_per_source
 from reasonrl.errors import ConfigError
 from reasonrl.evaluate import eval_settings, record_plan
+from reasonrl.model.forward import completion_logprobs, pick
 from reasonrl.placement import build_workers, preflight
-from reasonrl.policy.forward import completion_logprobs, pick
 from reasonrl.registry import DATA_TASKS
 from reasonrl.rewards import check_examples
 from reasonrl.rng import seed_everything, set_rng_state

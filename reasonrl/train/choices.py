@@ -64,7 +64,7 @@ def saved_value(saved: Mapping | None, key: str):
 
 def model_config(cfg: Config):
     """The policy model's transformers config, from its files alone (the tiny model's is built)."""
-    from reasonrl.policy.model import TINY, build_tiny_model, resolve_model_dir
+    from reasonrl.model.load import TINY, build_tiny_model, resolve_model_dir
 
     if cfg.model.path == TINY:
         return build_tiny_model()[0].config
@@ -98,8 +98,8 @@ def decide_decoder(cfg: Config) -> tuple[str | None, str]:
     calibration cache or measured now (the model is loaded for it only on a cache miss). None
     when the rollout's GPU is not visible here: its worker decides."""
     from reasonrl.accel import calibrate
-    from reasonrl.policy.colocate import load_model
-    from reasonrl.policy.precision import cast_for_compute, compute_dtype
+    from reasonrl.model.colocate import load_model
+    from reasonrl.model.precision import cast_for_compute, compute_dtype
 
     device = rollout_device(cfg)
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -123,9 +123,9 @@ def decide_decoder(cfg: Config) -> tuple[str | None, str]:
 
 def decide_budget(cfg: Config) -> tuple[int | None, str]:
     """(`optim.max_tokens_per_micro_batch` for this run, why): the auto budget of
-    `reasonrl.policy.budget` for the policy's model in the dtype its learner computes in, on the
+    `reasonrl.model.budget` for the policy's model in the dtype its learner computes in, on the
     policy's device. None when that device is a GPU this process does not see."""
-    from reasonrl.policy.budget import auto_budget
+    from reasonrl.model.budget import auto_budget
 
     device = policy_device(cfg)
     if device.startswith("cuda") and not torch.cuda.is_available():

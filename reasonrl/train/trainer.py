@@ -30,7 +30,6 @@ from reasonrl.config import Config, to_dict
 from reasonrl.data import load_examples
 from reasonrl.evaluate import eval_settings, record_plan
 from reasonrl.placement import build_workers, preflight
-from reasonrl.policy.critic import read_weights as read_critic_weights
 from reasonrl.rewards import check_examples
 from reasonrl.rewards.failures import FailureLog
 from reasonrl.rng import seed_everything, set_rng_state
@@ -50,6 +49,7 @@ from reasonrl.train.step_metrics import (
     reset_gpu_peak,
     zero_reward_warning,
 )
+from reasonrl.workers.critic import read_weights as read_critic_weights
 
 
 @dataclass

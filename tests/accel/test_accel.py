@@ -28,7 +28,7 @@ from reasonrl.accel.kernels import (
 )
 from reasonrl.accel.lean_decode import LeanLlama, _Matrix, unsupported_reason
 from reasonrl.accel.modules import ModulesDecoder
-from reasonrl.policy.forward import completion_logprobs, make_micro_batches
+from reasonrl.model.forward import completion_logprobs, make_micro_batches
 from reasonrl.rollout import SamplingParams
 from reasonrl.rollout.hf import HFEngine
 
@@ -234,7 +234,7 @@ def test_every_decoder_samples_the_same_tokens(tiny, arch, greedy):
 def test_unsupported_models_fall_back_with_a_reason(tiny, monkeypatch):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     model, tokenizer = tiny
     gelu = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64,
@@ -460,7 +460,7 @@ def test_lean_kernels_same_loss_and_gradient(tiny, arch, share_prompt, expand, m
 
 @needs_peft
 def test_lean_kernels_with_lora_same_gradient(tiny):
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     model, _ = tiny
     base = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "down_proj"], seed=0)
@@ -527,8 +527,8 @@ def test_saved_model_keeps_the_standard_attention(tiny, tmp_path):
 def test_config_switches_reach_the_engine_and_the_worker(tiny):
     """`rollout.hf_decoder`, `rollout.hf_reuse_kv` and `optim.lean_kernels`, as the docs describe them."""
     from reasonrl.config import RolloutConfig, load_config
-    from reasonrl.policy.worker import PolicySettings, PolicyWorker
     from reasonrl.rollout import make_engine
+    from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
     model, tokenizer = tiny
     for path in ("lean", "modules"):
@@ -547,7 +547,7 @@ def test_free_memory_is_released_before_each_updates_first_backward(tiny, monkey
 
     from reasonrl.accel import memory
     from reasonrl.batch import TrainBatch
-    from reasonrl.policy.worker import PolicyWorker
+    from reasonrl.workers.policy import PolicyWorker
 
     assert memory.release_free_memory() is True  # glibc: malloc_trim is there
     calls = []

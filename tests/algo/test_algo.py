@@ -17,7 +17,7 @@ from reasonrl.algo import (
 )
 from reasonrl.config import AlgoConfig, OptimConfig, load_config
 from reasonrl.errors import ConfigError
-from reasonrl.policy.schedules import constant, cosine, lr_multiplier
+from reasonrl.learn.schedules import constant, cosine, lr_multiplier
 from reasonrl.registry import (
     ADVANTAGES,
     KL_ESTIMATORS,

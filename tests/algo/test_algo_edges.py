@@ -27,8 +27,7 @@ from reasonrl.algo.importance import importance_weights
 from reasonrl.algo.kl import kl_clamped, kl_estimate
 from reasonrl.algo.policy_loss import bounded_log_ratio
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyWorker
+from reasonrl.model.load import build_tiny_model
 from reasonrl.registry import (
     ADVANTAGES,
     IMPORTANCE_CORRECTIONS,
@@ -39,6 +38,7 @@ from reasonrl.registry import (
     RATIO_LEVELS,
     needs_critic,
 )
+from reasonrl.workers.policy import PolicyWorker
 
 GROUP_ESTIMATORS = [e.name for e in ADVANTAGES if e.needs_groups]
 BATCH_ESTIMATORS = [e.name for e in ADVANTAGES

@@ -1,4 +1,4 @@
-"""Out-of-tree policy losses (`algo.loss_fn`, `algo.loss_kwargs`: `reasonrl.policy.worker.policy_loss_fn`):
+"""Out-of-tree policy losses (`algo.loss_fn`, `algo.loss_kwargs`: `reasonrl.workers.policy.policy_loss_fn`):
 a loss in a file of its own trains from a config, with its keyword arguments and the `algo`
 section's keys; a file, function or signature it cannot use stops the run at start-up naming the
 key; the config's rules around the two keys."""
@@ -16,9 +16,9 @@ from reasonrl.algo import LossSettings, Totals, policy_objective
 from reasonrl.cli import main
 from reasonrl.config import AlgoConfig, load_config
 from reasonrl.errors import ConfigError
-from reasonrl.policy.worker import policy_loss_fn
 from reasonrl.registry import POLICY_LOSSES
 from reasonrl.train.trainer import Trainer
+from reasonrl.workers.policy import policy_loss_fn
 
 FIXTURE = REPO / "tests" / "fixtures" / "custom_loss.py"
 SCALED = f"algo.loss_fn={FIXTURE}:scaled_surrogate"

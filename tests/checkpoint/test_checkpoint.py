@@ -192,7 +192,7 @@ def test_the_reference_run_really_trains(reference):
     rows = run_metrics(reference)
     assert all(r["train/grad_norm"] > 0 and r["train/skipped_update"] == 0 for r in rows[1:])
     start = load_file(reference / "checkpoints" / "step_4" / "huggingface" / "model.safetensors")
-    from reasonrl.policy.model import build_tiny_model
+    from reasonrl.model.load import build_tiny_model
     initial = build_tiny_model(seed=0)[0].state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in start.items())
 

@@ -111,7 +111,7 @@ def test_the_constants_agree_with_the_models(tiny):
     assert model_positions("tiny") == (TINY_POSITIONS, "max_position_embeddings of model.path=tiny")
     assert model_positions("")[0] == DEFAULT_POSITIONS == 8192
     from reasonrl.cache import reasonrl_home
-    from reasonrl.policy.model import DEFAULT_MODEL_NAME
+    from reasonrl.model.load import DEFAULT_MODEL_NAME
 
     converted = reasonrl_home() / "models" / DEFAULT_MODEL_NAME / "config.json"
     if converted.is_file():  # the default model, once converted

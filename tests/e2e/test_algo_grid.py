@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import reasonrl.policy.colocate
+import reasonrl.model.colocate
 import reasonrl.source.collect
 from reasonrl.algo import group_advantages, overlong_penalty
 from reasonrl.batch import Scores
@@ -37,7 +37,7 @@ BASE = ["trainer.progress=false", "data.arithmetic.val_size=0", "data.arithmetic
 def cached_tiny_model(tiny, monkeypatch):
     """Trainers get a fresh copy of the session's tiny model instead of building one."""
     model, tokenizer = tiny
-    monkeypatch.setattr(reasonrl.policy.colocate, "load_model_and_tokenizer",
+    monkeypatch.setattr(reasonrl.model.colocate, "load_model_and_tokenizer",
                         lambda *args, **kwargs: (copy.deepcopy(model), tokenizer))
 
 
@@ -318,7 +318,7 @@ def test_n_equal_one_is_allowed_only_without_a_group_baseline():
 
 
 def test_policy_settings_carry_the_config_sections():
-    from reasonrl.policy.worker import PolicySettings
+    from reasonrl.workers.policy import PolicySettings
 
     cfg = load_config(None, ["algo.clip_ratio_c=3", "algo.ratio_level=sequence", "algo.entropy_coef=0.01",
                              "algo.log_kl=true", "optim.ppo_epochs=2", "optim.mini_batches=4",

@@ -19,7 +19,7 @@ from helpers import (
 )
 
 from reasonrl.cli import main
-from reasonrl.policy.model import build_tiny_model
+from reasonrl.model.load import build_tiny_model
 from reasonrl.train.trainer import Trainer, train
 from reasonrl.weights import weights_checksum
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from reasonrl.cli import main
 from reasonrl.config import load_config
-from reasonrl.policy.model import load_model_and_tokenizer
+from reasonrl.model.load import load_model_and_tokenizer
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rollout import SamplingParams
 from reasonrl.train.trainer import Trainer

@@ -14,9 +14,9 @@ from helpers import keep_torch_threads  # noqa: F401  (autouse: the runs set tor
 
 from reasonrl.config import load_config
 from reasonrl.placement import build_workers, roles
-from reasonrl.policy.reward_model import RewardModelWorker
 from reasonrl.rewards import score
 from reasonrl.train.trainer import train
+from reasonrl.workers.judge import RewardModelWorker
 
 REPO = Path(__file__).parents[2]
 SMALL = ["model.path=tiny", "reward.model.path=tiny", "trainer.steps=2", "trainer.batch_size=8",

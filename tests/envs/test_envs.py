@@ -23,13 +23,13 @@ from reasonrl.envs.feedback import NO_NUMBER, TOO_HIGH, TOO_LOW, FeedbackEnviron
 from reasonrl.envs.tool import ToolEnvironment, parse_tag_call, parse_tool_call
 from reasonrl.errors import ConfigError, SandboxError
 from reasonrl.evaluate import PromptResult, summarize
-from reasonrl.policy.worker import PolicyWorker
 from reasonrl.rollout import RolloutWorker, SamplingParams
 from reasonrl.rollout.base import SEED_BOUND
 from reasonrl.rollout.episodes import ObservationEncoder, turn_seed
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.tools import sandbox_plan
 from reasonrl.train.step_metrics import episode_metrics
+from reasonrl.workers.policy import PolicyWorker
 
 REPO = Path(__file__).parents[2]
 ECHO = f"{REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo"

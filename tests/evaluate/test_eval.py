@@ -31,9 +31,9 @@ from reasonrl.evaluate import (
     record_plan,
     summarize,
 )
-from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import VERIFIERS
 from reasonrl.train.trainer import Trainer
+from reasonrl.workers.policy import PolicyWorker
 
 SMOKE = ["--config", "configs/smoke.yaml", "--no-progress"]
 LENGTH_REWARD = ["reward.fn=tests/fixtures/length_reward.py:length", "reward.isolate_fn=false"]

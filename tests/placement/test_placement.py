@@ -365,12 +365,12 @@ def test_proxies_are_the_declared_worker_apis_and_the_workers_implement_them():
     """The Ray proxies have exactly the protocols' methods (no attribute forwarding that would
     let a renamed method fail mid-run), and every worker class implements its protocol."""
     from reasonrl.placement import RemotePolicy, RemoteRollout
-    from reasonrl.policy.parallel import RankPolicyWorker
-    from reasonrl.policy.worker import PolicyWorker
     from reasonrl.rollout import RolloutEngine, RolloutWorker
     from reasonrl.rollout.hf import HFEngine
     from reasonrl.rollout.vllm import VLLMEngine
     from reasonrl.worker_protocols import PolicyWorkerAPI, RolloutWorkerAPI, api_methods, missing_methods
+    from reasonrl.workers.policy import PolicyWorker
+    from reasonrl.workers.ranks import RankPolicyWorker
 
     for proxy, api in ((RemotePolicy, PolicyWorkerAPI), (RemoteRollout, RolloutWorkerAPI)):
         public = {n for n in dir(proxy) if not n.startswith("_") and callable(getattr(proxy, n))}

@@ -14,7 +14,7 @@ from helpers import (
     smoke_cfg,
 )
 
-from reasonrl.policy.model import build_tiny_model
+from reasonrl.model.load import build_tiny_model
 from reasonrl.train.trainer import train
 
 # the three consumers in one step

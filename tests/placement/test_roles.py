@@ -65,7 +65,7 @@ def test_the_reference_is_a_role_served_within_the_policy(tmp_path, lora):
     LoRA the policy's base with the adapter off (no copy). algo.beta = 0: no reference role."""
     import torch
 
-    from reasonrl.policy.frozen import ReferenceOf
+    from reasonrl.workers.frozen import ReferenceOf
 
     overrides = ["model.path=tiny", "model.precision=fp32", "rollout.max_new_tokens=4",
                  f"trainer.output_dir={tmp_path}", f"model.lora.rank={lora}"]

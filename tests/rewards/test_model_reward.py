@@ -24,7 +24,6 @@ from reasonrl.config import load_config
 from reasonrl.config.reward import RewardModelConfig
 from reasonrl.errors import ConfigError, ModelLoadError
 from reasonrl.placement import build_workers, roles
-from reasonrl.policy.reward_model import RewardModelWorker, load_reward_model
 from reasonrl.rewards import model_reward, score, score_examples
 from reasonrl.rewards.judging import (
     chat_of,
@@ -37,6 +36,7 @@ from reasonrl.rewards.judging import (
     verdict_probability,
     verdict_scores,
 )
+from reasonrl.workers.judge import RewardModelWorker, load_reward_model
 
 SCRIPTED = str(Path(__file__).parents[1] / "fixtures" / "scripted_judge.py") + ":judge"
 PROMPTS = ["What is 2 + 3?",

@@ -16,7 +16,7 @@ from helpers import ScriptedEngine, check_token_in_token_out, spy_on
 from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.envs import EnvStep, environment_spec
-from reasonrl.policy.forward import make_micro_batches
+from reasonrl.model.forward import make_micro_batches
 from reasonrl.rollout import RolloutWorker, SamplingParams
 from reasonrl.rollout.episodes import ObservationEncoder
 from reasonrl.rollout.hf import HFEngine

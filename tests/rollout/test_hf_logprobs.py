@@ -27,10 +27,10 @@ from reasonrl.accel import lean_decode
 from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.envs import environment_spec
-from reasonrl.policy.worker import PolicyWorker
 from reasonrl.registry import ENGINES
 from reasonrl.rollout import RolloutWorker, SamplingParams
 from reasonrl.rollout.hf import HFEngine, filter_logits, sample_probs, sample_tokens, token_logprobs
+from reasonrl.workers.policy import PolicyWorker
 
 REPO = Path(__file__).parents[2]
 ECHO = f"{REPO / 'tests' / 'fixtures' / 'echo_env.py'}:Echo"
@@ -120,7 +120,7 @@ def test_sampled_logprobs_equal_the_policys_recomputed_ones(tiny, path, temperat
 def test_a_lora_policy_decodes_through_the_modules_with_its_logprobs(tiny):
     """LoRA sends the lean paths to their fallback (the modules); the log-probs are still the
     policy's (its adapter on), within TOL."""
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     model, tokenizer = tiny
     wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)

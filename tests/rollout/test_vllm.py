@@ -21,10 +21,10 @@ from reasonrl.batch import Example, TrainBatch
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, WeightSyncError
 from reasonrl.placement import preflight
-from reasonrl.policy.worker import PolicyWorker
 from reasonrl.rollout import RolloutWorker, SamplingParams, make_engine
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.weights import reference_logprobs, weights_checksum
+from reasonrl.workers.policy import PolicyWorker
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (make vllm)")

@@ -21,11 +21,11 @@ from helpers import policy_settings
 
 from reasonrl.batch import Example
 from reasonrl.data import render_prompt
-from reasonrl.policy.worker import PolicyWorker
 from reasonrl.rollout import SamplingParams
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.serve import CallLog, Endpoint, RequestError
 from reasonrl.serve.protocol import cut_at_stop, parse_tool_calls
+from reasonrl.workers.policy import PolicyWorker
 
 HAS_SERVER = all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
 HAS_OPENAI = importlib.util.find_spec("openai") is not None

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import REPO, keep_torch_threads, smoke_cfg  # noqa: F401 - an autouse fixture
 
-import reasonrl.policy.colocate
+import reasonrl.model.colocate
 import reasonrl.source.collect
 from reasonrl.algo import AdvantageInputs, estimate, gdpo_rewards
 from reasonrl.batch import Example, Rollouts, Scores
@@ -118,7 +118,7 @@ class ScriptedComponents:
 
 def trainer_with(tmp_path, monkeypatch, tiny, fake, *overrides) -> Trainer:
     model, tokenizer = tiny
-    monkeypatch.setattr(reasonrl.policy.colocate, "load_model_and_tokenizer",
+    monkeypatch.setattr(reasonrl.model.colocate, "load_model_and_tokenizer",
                         lambda *args, **kwargs: (copy.deepcopy(model), tokenizer))
     monkeypatch.setattr(reasonrl.source.collect, "score_rollouts", fake)
     return Trainer(load_config(REPO / "configs" / "smoke.yaml", [f"trainer.output_dir={tmp_path}", *BASE,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from helpers import keep_torch_threads, smoke_cfg  # noqa: F401 (autouse)
 
-import reasonrl.policy.frozen as frozen_module
-import reasonrl.policy.worker as worker_module
 import reasonrl.train.trainer as trainer_module
-from reasonrl.policy.forward import completion_logprobs as forward_logprobs
+import reasonrl.workers.frozen as frozen_module
+import reasonrl.workers.policy as worker_module
+from reasonrl.model.forward import completion_logprobs as forward_logprobs
 from reasonrl.train.stages import logprobs_stage
 from reasonrl.train.trainer import Trainer
 
@@ -125,7 +125,7 @@ def test_each_consumer_reads_what_it_computed_itself(tmp_path, monkeypatch, stal
 
     def checked_kl(prompt_ids, completion_ids, ref, logprobs):
         from reasonrl.algo import kl_estimate
-        from reasonrl.policy.forward import pad_like, per_row
+        from reasonrl.model.forward import pad_like, per_row
 
         def kl(mb):  # token_kl before the stage: its own forward per micro-batch of every row
             logp, _ = forward_logprobs(policy.model, mb, policy.settings.temperature)

@@ -13,9 +13,9 @@ from helpers import needs_peft, policy_settings
 
 from reasonrl.algo import kl_estimate
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.forward import completion_logprobs, pad_like, per_row
-from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyWorker
+from reasonrl.model.forward import completion_logprobs, pad_like, per_row
+from reasonrl.model.load import build_tiny_model
+from reasonrl.workers.policy import PolicyWorker
 
 # eight rows of unequal lengths: with micro_batch_size=3 the layout of every row and that of
 # the kept rows differ (other row sets, other padding)
@@ -134,7 +134,7 @@ def test_one_update_reads_no_old_log_probs(base_model):
 def test_a_lora_policy_reads_the_stage_alike(base_model):
     """LoRA (the reference: the adapter switched off, the same modules): the KL in the reward and
     the old log-probs of a two-epoch update from the stage are bitwise those of their own forwards."""
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     def lora_worker() -> PolicyWorker:
         model = apply_lora(copy.deepcopy(base_model), 4, 8.0, 0.0, ["q_proj", "v_proj"], seed=0)

@@ -2,7 +2,7 @@
 from the model and the machine when that is 0 (auto).
 
 A micro-batch's activation memory grows with the positions it runs through the model (padding
-included, `reasonrl.policy.forward.layout_tokens`), not with its rows: cutting micro-batches by
+included, `reasonrl.model.forward.layout_tokens`), not with its rows: cutting micro-batches by
 a token budget (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`) bounds the update's
 memory whatever the response length. The auto budget is the smaller of
 

@@ -1,11 +1,11 @@
-"""The token budget of a micro-batch (reasonrl/policy/budget.py), hand-computed."""
+"""The token budget of a micro-batch (reasonrl/model/budget.py), hand-computed."""
 
 from types import SimpleNamespace
 
 import torch
 
-from reasonrl.policy.budget import activation_bytes_per_token, auto_budget, token_budget
-from reasonrl.policy.model import build_tiny_model
+from reasonrl.model.budget import activation_bytes_per_token, auto_budget, token_budget
+from reasonrl.model.load import build_tiny_model
 
 # SmolLM2-135M's shape
 SMOLLM2_135M = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)

@@ -16,14 +16,14 @@ import copy
 
 from reasonrl.config import Config
 from reasonrl.errors import ConfigError
-from reasonrl.policy.model import load_model_and_tokenizer
-from reasonrl.policy.precision import load_dtype
+from reasonrl.model.load import load_model_and_tokenizer
+from reasonrl.model.precision import load_dtype
 from reasonrl.registry import needs_critic
 
 
 def load_model(cfg: Config, device: str = "cpu"):
     """(model, tokenizer) of `model.path` on `device`, in the dtype `model.precision` loads in
-    (`reasonrl.policy.precision.load_dtype`: fp32 unless pure bf16)."""
+    (`reasonrl.model.precision.load_dtype`: fp32 unless pure bf16)."""
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, load_dtype(cfg.model.precision),
                                                 seed=cfg.trainer.seed, revision=cfg.model.revision)
     return model.to(device), tokenizer

@@ -12,8 +12,8 @@ import torch
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig, load_config
 from reasonrl.errors import ConfigError, TrainingAborted
-from reasonrl.policy.critic import CriticWorker, ValueModel
 from reasonrl.train.trainer import Trainer
+from reasonrl.workers.critic import CriticWorker, ValueModel
 
 REPO = Path(__file__).parents[2]
 PROMPTS = [[1, 5, 9, 11], [1, 5, 9, 11], [3, 4], [2, 3, 7]]

@@ -1,4 +1,4 @@
-"""The teacher of on-policy distillation (reasonrl/policy/teacher.py): its log-probs by hand and
+"""The teacher of on-policy distillation (reasonrl/workers/teacher.py): its log-probs by hand and
 as the policy computes them, the model sources teacher.path takes (a reasonrl checkpoint
 folder included), and the start-up refusal of a teacher with another tokenizer."""
 
@@ -12,15 +12,15 @@ from helpers import grouped_rows, policy_settings
 
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError, ModelLoadError
-from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.teacher import (
+from reasonrl.model.load import build_tiny_model
+from reasonrl.workers.policy import PolicyWorker
+from reasonrl.workers.teacher import (
     TeacherSettings,
     TeacherWorker,
     check_tokenizers,
     teacher_model,
     teacher_source,
 )
-from reasonrl.policy.worker import PolicyWorker
 
 
 def naive_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0) -> torch.Tensor:

@@ -14,7 +14,7 @@ a reward function, called with the rows of one batch:
 A row's score is a float, or a string saying why it has none (`rewards.judging`). The function's
 `warmup(spec)` loads the model when the worker is built, outside any call's timeout.
 
-Loading: the path forms of model.path (`policy.model.resolve_model_dir`: the embedded
+Loading: the path forms of model.path (`model.load.resolve_model_dir`: the embedded
 SmolLM2-135M-Instruct for "", a folder, a `checkpoints/step_N` folder, a Hub id through the
 offline cache) plus `tiny` (the random test model; as a classifier, the same architecture with
 a random one-label head). A classifier must be a sequence-classification model with its score
@@ -32,7 +32,7 @@ import torch
 
 from reasonrl.config import resolve_device
 from reasonrl.errors import ModelLoadError
-from reasonrl.policy.model import TINY, build_tiny_model, resolve_model_dir
+from reasonrl.model.load import TINY, build_tiny_model, resolve_model_dir
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rewards.judging import (
     RowScore,

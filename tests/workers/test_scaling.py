@@ -29,8 +29,8 @@ from helpers import (
 
 from reasonrl.config import load_config
 from reasonrl.errors import ConfigError
-from reasonrl.policy.learner import LAYOUT_METRICS
-from reasonrl.policy.precision import cast_for_compute
+from reasonrl.learn.learner import LAYOUT_METRICS
+from reasonrl.model.precision import cast_for_compute
 from reasonrl.train.trainer import Trainer, train
 
 # ---- config -----------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def test_merged_weight_is_w_plus_scaled_b_a(tiny):
     """LoRA's merged weight W + (alpha / r) B A (Hu et al. 2021, eq. 3), by hand: r = 2,
     alpha = 4 (scale 2), A = [[1, 0, ...], [0, 3, 0, ...]], B[0] = [0.5, 0.25], B[5] = [0, 1]
     -> (B A)[0, 0] = 0.5, (B A)[0, 1] = 0.75, (B A)[5, 1] = 3, elsewhere 0."""
-    from reasonrl.policy.lora import apply_lora, merged_named_weights
+    from reasonrl.model.lora import apply_lora, merged_named_weights
 
     model = copy.deepcopy(tiny[0])
     w = model.model.layers[1].self_attn.q_proj.weight.detach().clone()
@@ -100,7 +100,7 @@ def test_lora_run_trains_saves_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.policy.forward import completion_logprobs, make_micro_batches
+    from reasonrl.model.forward import completion_logprobs, make_micro_batches
 
     lora = ["model.lora.rank=4", "model.lora.alpha=8", "algo.beta=0.1", "trainer.steps=2"]
     trainer = Trainer(smoke_cfg(tmp_path, "lora", *lora, "trainer.save_every=1", "trainer.keep_last=0"))
@@ -169,7 +169,7 @@ def run_case(worker, model, hyper: dict) -> tuple[list[dict], dict, list[dict]]:
     """(full gradient at each optimizer step, the step's metrics, each update's own metrics)
     of one train_step."""
     from reasonrl.batch import TrainBatch
-    from reasonrl.policy.shards import full_tensor
+    from reasonrl.model.shards import full_tensor
 
     learner = worker.learner
     steps, per_update, inner, update = [], [], learner.optimizer.step, learner.update
@@ -205,7 +205,7 @@ GRAD_REL = 1e-4
 NORM_REL = 2e-4
 # bf16-mixed: the ranks and the one process round the same operands to bf16 (u = 2^-8) but
 # multiply them in other shapes (a rank's half of each micro-batch) and sum in other orders;
-# as in tests/policy/test_precision.py, 2 (2L + 1) u (L = 2 layers) bounds the relative error
+# as in tests/model/test_precision.py, 2 (2L + 1) u (L = 2 layers) bounds the relative error
 # of a gradient (against the largest entry) and of a metric.
 BF16_REL = 2 * (2 * 2 + 1) * 2.0 ** -8
 
@@ -274,7 +274,7 @@ TEST_KEYS = ("sgd_lr", "lora_rank", "reshard_after_forward", "cpu_offload")  # n
 
 @functools.cache
 def tiny_model():
-    from reasonrl.policy.model import build_tiny_model
+    from reasonrl.model.load import build_tiny_model
 
     return build_tiny_model(seed=3)[0]
 
@@ -285,9 +285,10 @@ def make_worker(rank: int, world: int, hyper: dict, device: torch.device | None 
     reference is the adapter switched off. One process (`world` 1) builds it on `device`."""
     from helpers import policy_settings
 
-    from reasonrl.policy import parallel, sharding
-    from reasonrl.policy.lora import AdapterDisabled, apply_lora
-    from reasonrl.policy.worker import PolicyWorker
+    from reasonrl.model import sharding
+    from reasonrl.model.lora import AdapterDisabled, apply_lora
+    from reasonrl.workers import ranks as parallel
+    from reasonrl.workers.policy import PolicyWorker
 
     model = copy.deepcopy(tiny_model())
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -335,8 +336,8 @@ def sync_pieces(worker) -> dict:
     """What a streamed sync reads from a policy: its plan for 20 kB buckets, every bucket, the
     served weights all-gathered (`named_weights`) and the checksum; for LoRA ranks also each
     adapted layer's W + s B A computed in one place from the whole (all-gathered) W, A and B."""
-    from reasonrl.policy import lora
-    from reasonrl.policy.shards import full_tensor
+    from reasonrl.model import lora
+    from reasonrl.model.shards import full_tensor
 
     plan = worker.sync_plan(20_000)
     out = {"plan": plan, "buckets": [worker.weight_bucket(names) for names in plan],
@@ -354,7 +355,7 @@ def rank_main(rank: int, world: int, init_method: str, queue, folder: str) -> No
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from reasonrl.policy.sharding import init_process_group
+    from reasonrl.model.sharding import init_process_group
 
     torch.set_num_threads(1)
     init_process_group("gloo", init_method, rank, world, 120)
@@ -541,7 +542,8 @@ def test_one_nccl_rank_gives_the_gradient_of_one_process():
     import torch.distributed as dist
     from helpers import policy_settings
 
-    from reasonrl.policy import parallel, sharding
+    from reasonrl.model import sharding
+    from reasonrl.workers import ranks as parallel
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""reasonrl.policy.learner: the one learner of the policy and the critic: how metrics combine,
+"""reasonrl.learn.learner: the one learner of the policy and the critic: how metrics combine,
 the update loop, the skip rule, optimizer state, the tied-weight loader."""
 
 import copy
@@ -11,9 +11,9 @@ import torch
 
 from reasonrl.algo import Metric
 from reasonrl.config import CriticConfig, OptimConfig
-from reasonrl.policy.forward import completion_logprobs
-from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights, merge, summarise
-from reasonrl.policy.model import build_tiny_model
+from reasonrl.learn.learner import Learner, LearnerSettings, copy_weights, merge, summarise
+from reasonrl.model.forward import completion_logprobs
+from reasonrl.model.load import build_tiny_model
 
 PROMPTS = [[1, 5, 9], [1, 7], [3, 4, 5, 6]]
 COMPLETIONS = [[20, 21], [30, 31, 32], [40]]
@@ -42,7 +42,7 @@ def test_metrics_combine_by_their_reduction():
 
 def learner(model, **optim) -> Learner:
     """The policy's learner at lr 0.1 with a cosine schedule over 3 steps down to half the rate:
-    factors 1, 0.75, 0.5 at steps 0, 1, 2 (`reasonrl.policy.schedules.cosine`)."""
+    factors 1, 0.75, 0.5 at steps 0, 1, 2 (`reasonrl.learn.schedules.cosine`)."""
     o = OptimConfig(**{"micro_batch_size": 2, "lr": 0.1, "schedule": "cosine", "min_lr_ratio": 0.5, **optim})
     return Learner(model, 0, LearnerSettings.for_policy(o, total_steps=3))
 

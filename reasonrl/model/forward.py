@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from reasonrl.accel import recompute_norm_outputs
-from reasonrl.policy.head import fusable, head_logprobs
+from reasonrl.model.head import fusable, head_logprobs
 
 
 @dataclass
@@ -250,7 +250,7 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float = 1.0, with_en
     """
     picked = completion_hidden(model, mb)
     lm_head = model.get_output_embeddings()
-    if fusable(lm_head):  # chunked: never the whole [M, T, vocab] (reasonrl.policy.head)
+    if fusable(lm_head):  # chunked: never the whole [M, T, vocab] (reasonrl.model.head)
         token_logp, entropy = head_logprobs(picked, lm_head.weight, mb.targets, temperature,
                                             with_entropy, entropy_grad and torch.is_grad_enabled())
         return token_logp, entropy if with_entropy else None

@@ -1,13 +1,13 @@
 """The policy worker: holds the trainable model (and the reference model when beta > 0 or
-`log_kl`: the reference role, a `reasonrl.policy.frozen.FrozenModel` served within this worker),
+`log_kl`: the reference role, a `reasonrl.workers.frozen.FrozenModel` served within this worker),
 computes completion log-probs, and turns one `TrainBatch` into optimizer steps.
 
 It knows nothing about rollouts, rewards or where it runs; the trainer hands it token
-ids and advantages. Its training is its `Learner` (`reasonrl.policy.learner`, shared with
+ids and advantages. Its training is its `Learner` (`reasonrl.learn.learner`, shared with
 the critic) running forward -> `reasonrl.algo.objective.policy_objective` -> backward per
 micro-batch; the loss is normalised by totals over each optimizer step so the gradient is
 the same whatever `micro_batch_size` is. Data-parallel ranks are this class given another
-strategy (`reasonrl.policy.parallel`).
+strategy (`reasonrl.workers.ranks`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from reasonrl.algo.objective import PolicyLoss
 from reasonrl.batch import TrainBatch
 from reasonrl.config import AlgoConfig, Config, OptimConfig
 from reasonrl.errors import ConfigError
-from reasonrl.policy import lora
-from reasonrl.policy.forward import MicroBatch, completion_logprobs, pad_like, per_row, pick
-from reasonrl.policy.frozen import FrozenModel, rows_logprobs
-from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights
+from reasonrl.learn.learner import Learner, LearnerSettings, copy_weights
+from reasonrl.model import lora
+from reasonrl.model.forward import MicroBatch, completion_logprobs, pad_like, per_row, pick
 from reasonrl.registry import POLICY_LOSSES
 from reasonrl.weights import plan_buckets, reference_logprobs, weights_checksum
+from reasonrl.workers.frozen import FrozenModel, rows_logprobs
 
 
 @dataclass
@@ -43,7 +43,7 @@ class PolicySettings:
     total_steps: int = 1  # trainer.steps: the LR schedule's length
     max_response_length: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant; 0 = the batch's longest
     temperature: float = 1.0  # rollout.temperature: log-probs are those of the sampling distribution
-    precision: str = "fp32"  # model.precision, resolved (`reasonrl.policy.precision`)
+    precision: str = "fp32"  # model.precision, resolved (`reasonrl.model.precision`)
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicySettings:
@@ -96,7 +96,7 @@ class PolicyWorker:
         self.model, self.pad_id, self.settings = model, pad_id, settings
         self.algo, self.optim, self.losses = a, settings.optim, LossSettings.of(a)
         self.device = self.learner.device  # micro-batches go where the weights compute
-        # the reference role (`reasonrl.policy.frozen`): `ref_model` given by a data-parallel rank
+        # the reference role (`reasonrl.workers.frozen`): `ref_model` given by a data-parallel rank
         # (sharded like the model); else taken now, after the learner cast the model to the run's
         # compute precision, and only when it is worth its memory. It lays out its rows as the
         # learner does (`micro_batches`), so the update reads its own values bitwise.
@@ -147,7 +147,7 @@ class PolicyWorker:
     def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                            rows: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The reference model's token log-probs of each completion, one unpadded CPU tensor per
-        row: the step's reference stage (the reference role, `reasonrl.policy.frozen.ReferenceOf`),
+        row: the step's reference stage (the reference role, `reasonrl.workers.frozen.ReferenceOf`),
         run once, read by the KL in the reward (`token_kl`) and by the update's KL term
         (`TrainBatch.ref_logprobs`). `rows` [N] bool: only those rows, in micro-batches of exactly
         those rows as the update lays them out, so that its KL term is bitwise what it would
@@ -331,12 +331,12 @@ def policy_from_config(cfg, host) -> PolicyWorker:
     """The policy role in one process: `model.path`'s model (`colocate.base_model`: shared with
     the colocated rollout engine), wrapped in a LoRA adapter when `model.lora.rank` > 0 (its
     data-parallel ranks: `parallel.rank_policy`)."""
-    from reasonrl.policy.colocate import base_model
+    from reasonrl.model.colocate import base_model
 
     model, tokenizer = base_model(cfg, host, "policy")
     lo = cfg.model.lora
     if lo.rank > 0:
-        from reasonrl.policy.lora import apply_lora
+        from reasonrl.model.lora import apply_lora
 
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed)
     return PolicyWorker(model, tokenizer.pad_token_id, PolicySettings.from_config(cfg))

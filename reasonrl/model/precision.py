@@ -29,7 +29,7 @@ LoRA keeps its adapters (and a critic's value head beside them) trainable in fp3
 base computes in bf16 and peft casts the adapter's input to the adapter's dtype, as peft does
 by default for a bf16 base (`autocast_adapter_dtype`); they need no master copy. Data-parallel
 ranks (FSDP2) use FSDP2's own `MixedPrecisionPolicy`: the sharded fp32 parameters are its
-masters (`reasonrl.policy.sharding`).
+masters (`reasonrl.model.sharding`).
 
 Pure `bf16` keeps no fp32 copy (it saves the masters' memory), but an update smaller than half
 a weight's bf16 spacing rounds away: at lr 2e-5 most of them. The learner then counts the
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from reasonrl import console
-from reasonrl.policy.lora import is_lora
+from reasonrl.model.lora import is_lora
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16", "auto")
 UNCHANGED_WARNING = 0.5  # train/params_unchanged above this: say that the updates round away
@@ -171,7 +171,7 @@ class UnchangedCounter:
 
 def model_shapes(path: str, revision: str = "") -> tuple[int, int]:
     """(hidden_size, intermediate_size) of `model.path`'s model, from its config alone."""
-    from reasonrl.policy.model import TINY, resolve_model_dir
+    from reasonrl.model.load import TINY, resolve_model_dir
 
     if path == TINY:
         return 64, 128  # `build_tiny_model`'s defaults

@@ -23,7 +23,7 @@ lambdas), so the resumed step's rate is the new base rate times the new schedule
 at that step.
 
 Data parallelism is an object the learner is given, not a subclass (OpenRLHF's strategy
-object): `Local` here (one process), `reasonrl.policy.parallel.DataParallel` for FSDP2 ranks.
+object): `Local` here (one process), `reasonrl.workers.ranks.DataParallel` for FSDP2 ranks.
 A strategy says which micro-batches this process trains on, how metrics combine over the
 processes, and how the optimizer state is written to and read from a checkpoint.
 
@@ -45,11 +45,11 @@ import torch
 from reasonrl.accel import TrainingAccel, fused_adam_ok
 from reasonrl.algo import Metric
 from reasonrl.config import CriticConfig, OptimConfig
-from reasonrl.policy.budget import token_budget
-from reasonrl.policy.forward import MicroBatch, make_micro_batches
-from reasonrl.policy.grad_checkpointing import checkpoint_layers
-from reasonrl.policy.precision import MasterWeights, UnchangedCounter, cast_for_compute
-from reasonrl.policy.schedules import lr_multiplier
+from reasonrl.learn.schedules import lr_multiplier
+from reasonrl.model.budget import token_budget
+from reasonrl.model.forward import MicroBatch, make_micro_batches
+from reasonrl.model.grad_checkpointing import checkpoint_layers
+from reasonrl.model.precision import MasterWeights, UnchangedCounter, cast_for_compute
 
 # how an update's rows were laid out, not what it computed: a data-parallel rank's differ from one process's
 LAYOUT_METRICS = ("micro_batches", "micro_batch_tokens_max", "pad_fraction")
@@ -89,7 +89,7 @@ class LearnerSettings:
     (the same epochs and mini-batches, so both see a step's rows in the same slices), and has its
     own rate, decay, clip and micro-batch rows. `norm_reduce` is how a step's updates' grad norms
     and skips make the step's: the policy logs their mean, the critic the largest.
-    `tests/policy/test_learner.py` checks this table against `for_policy` and `for_critic`.
+    `tests/learn/test_learner.py` checks this table against `for_policy` and `for_critic`.
     """
 
     lr: float
@@ -98,7 +98,7 @@ class LearnerSettings:
     weight_decay: float
     max_grad_norm: float  # 0 = no clipping
     micro_batch_size: int
-    max_tokens_per_micro_batch: int  # 0 = auto (`reasonrl.policy.budget`)
+    max_tokens_per_micro_batch: int  # 0 = auto (`reasonrl.model.budget`)
     share_prompt: bool
     lean_kernels: bool
     gradient_checkpointing: bool
@@ -109,7 +109,7 @@ class LearnerSettings:
     min_lr_ratio: float = 0.0
     total_steps: int = 1
     norm_reduce: str = "mean"
-    precision: str = "fp32"  # resolved (`reasonrl.policy.precision`): fp32, bf16-mixed or bf16
+    precision: str = "fp32"  # resolved (`reasonrl.model.precision`): fp32, bf16-mixed or bf16
 
     @classmethod
     def for_policy(cls, optim: OptimConfig, total_steps: int, precision: str = "fp32") -> LearnerSettings:
@@ -189,7 +189,7 @@ class Learner:
         self.model, self.pad_id, self.strategy = model, pad_id, strategy or Local()
         s = self.settings = settings
         # bf16-mixed: fp32 masters here, the model cast to its bf16 compute copy; data-parallel
-        # ranks: FSDP2's MixedPrecisionPolicy does it (`reasonrl.policy.sharding`)
+        # ranks: FSDP2's MixedPrecisionPolicy does it (`reasonrl.model.sharding`)
         mixed = s.precision == "bf16-mixed" and not self.strategy.plain
         self.masters = MasterWeights(model) if mixed else None
         self.unchanged = None
@@ -202,7 +202,7 @@ class Learner:
         model.train()
         self.device = self.strategy.device or next(model.parameters()).device
         self.micro_batch_size = s.micro_batch_size
-        # positions per micro-batch (reasonrl.policy.budget): max_tokens_per_micro_batch, or auto
+        # positions per micro-batch (reasonrl.model.budget): max_tokens_per_micro_batch, or auto
         self.max_tokens = token_budget(model, self.device, s.max_tokens_per_micro_batch)
         self.epochs, self.mini_batches = s.ppo_epochs, s.mini_batches
         # a recomputed layer would write a shared prompt's KV cache twice, and data-parallel
@@ -233,7 +233,7 @@ class Learner:
 
     def micro_batches(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                       token_masks: list[list[int]] | None = None) -> list[MicroBatch]:
-        """All of these rows' micro-batches (`reasonrl.policy.forward.make_micro_batches`): at most
+        """All of these rows' micro-batches (`reasonrl.model.forward.make_micro_batches`): at most
         `micro_batch_size` rows and `max_tokens` positions each."""
         return make_micro_batches(prompt_ids, completion_ids, self.micro_batch_size, self.pad_id,
                                   self.share_prompt, token_masks, self.max_tokens)

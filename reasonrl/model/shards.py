@@ -1,7 +1,7 @@
 """The rows of a tensor sharded by FSDP2 over the data-parallel ranks: this rank's rows, the
 full tensor gathered (on every rank, or on rank 0 alone), and this rank's part of a weight
 checksum. FSDP2 shards dim 0 as `torch.chunk` does: ceil(rows / N) rows per rank, the last
-ranks fewer or none. Used by the ranks' weight I/O (`reasonrl.policy.parallel`).
+ranks fewer or none. Used by the ranks' weight I/O (`reasonrl.workers.ranks`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The teacher of on-policy distillation (`teacher.path`, docs/teachers.md): a fixed model that
 scores the student's samples, token by token.
 
-`TeacherWorker` holds the teacher model: a `reasonrl.policy.frozen.FrozenModel`, the kind of
+`TeacherWorker` holds the teacher model: a `reasonrl.workers.frozen.FrozenModel`, the kind of
 worker the reference model is too. It is never trained and never given a weight sync: scoring is
 its one job (`logprobs`: each completion's token log-probs under the teacher), done with the
-policy's own forward code (`reasonrl.policy.forward`: micro-batches cut by rows and the
+policy's own forward code (`reasonrl.model.forward`: micro-batches cut by rows and the
 token budget, a GRPO group's prompt run once, the chunked LM head), laid out as the policy lays out
 its rows (`optim.micro_batch_size`, `optim.max_tokens_per_micro_batch`, `optim.share_prompt`),
 with the policy's kernels (`optim.lean_kernels`), in the run's compute precision (`model.precision`:
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from reasonrl.accel import TrainingAccel
 from reasonrl.config import Config
 from reasonrl.errors import ConfigError, ModelLoadError
-from reasonrl.policy.budget import token_budget
-from reasonrl.policy.forward import make_micro_batches
-from reasonrl.policy.frozen import FrozenModel
-from reasonrl.policy.model import load_model_and_tokenizer, load_tokenizer
-from reasonrl.policy.precision import cast_for_compute, load_dtype
+from reasonrl.model.budget import token_budget
+from reasonrl.model.forward import make_micro_batches
+from reasonrl.model.load import load_model_and_tokenizer, load_tokenizer
+from reasonrl.model.precision import cast_for_compute, load_dtype
+from reasonrl.workers.frozen import FrozenModel
 
 EMBEDDED = "embedded"  # teacher.path for the embedded default model ("" is: no teacher)
 

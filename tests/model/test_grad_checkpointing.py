@@ -12,9 +12,9 @@ from helpers import grouped_rows, needs_peft, policy_settings
 
 from reasonrl.accel.kernels import apply_lean_kernels
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.forward import completion_logprobs, make_micro_batches
-from reasonrl.policy.grad_checkpointing import checkpoint_layers, is_checkpointed
-from reasonrl.policy.worker import PolicyWorker
+from reasonrl.model.forward import completion_logprobs, make_micro_batches
+from reasonrl.model.grad_checkpointing import checkpoint_layers, is_checkpointed
+from reasonrl.workers.policy import PolicyWorker
 
 
 def variant(model, kernels: bool, checkpointing: bool):
@@ -145,8 +145,8 @@ def test_policy_worker_step_is_the_same_with_checkpointing(tiny, kernels):
 
 def test_wrapped_models_checkpoint_their_layers(tiny):
     """The layers are found inside a data-parallel rank's root and the critic's value model."""
-    from reasonrl.policy.critic import ValueModel
-    from reasonrl.policy.sharding import ShardRoot
+    from reasonrl.model.sharding import ShardRoot
+    from reasonrl.model.value import ValueModel
 
     model, _ = tiny
     inner = copy.deepcopy(model)
@@ -159,7 +159,7 @@ def test_wrapped_models_checkpoint_their_layers(tiny):
 def test_a_lora_policy_checkpoints_its_layers_and_trains_with_a_reference(tiny):
     """Inside a LoRA wrapper too; the policy with a reference (the adapter switched off) trains
     with checkpointing on."""
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     model, tokenizer = tiny
     wrapped = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"], seed=0)

@@ -5,8 +5,8 @@ import importlib.util
 import pytest
 
 from reasonrl.errors import ModelLoadError
-from reasonrl.policy import model as model_mod
-from reasonrl.policy.model import _atomic_build, resolve_model_dir
+from reasonrl.model import load as model_mod
+from reasonrl.model.load import _atomic_build, resolve_model_dir
 
 
 def test_missing_folder_names_the_path(tmp_path):

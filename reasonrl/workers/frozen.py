@@ -1,5 +1,5 @@
 """Frozen models: a model with a batched no-grad forward, the one kind of worker the teacher
-and the reference model are (the judge's forward is `score`: `reasonrl.policy.reward_model`).
+and the reference model are (the judge's forward is `score`: `reasonrl.workers.judge`).
 
 `FrozenModel` holds a model nothing trains and no weight sync reaches, and answers `logprobs`:
 each completion's token log-probs under it, laid out in micro-batches by its `layout` (the
@@ -9,7 +9,7 @@ update lays out the rows it trains on, so values read by the update are bitwise 
 
 Two roles hold one (`reasonrl.placement.roles`):
 
-- the teacher (`teacher.path`, `reasonrl.policy.teacher.TeacherWorker`): its own model, placed
+- the teacher (`teacher.path`, `reasonrl.workers.teacher.TeacherWorker`): its own model, placed
   by `placement.teacher`, laid out by the policy's settings (`TeacherSettings`);
 - the reference (`algo.beta > 0` or `algo.log_kl`): served within the policy's worker (its
   table row's `within="policy"`: the same process, device and data-parallel ranks, so each rank's
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from reasonrl.policy.forward import MicroBatch, completion_logprobs, per_row, pick
+from reasonrl.model.forward import MicroBatch, completion_logprobs, per_row, pick
 from reasonrl.weights import weights_checksum
 
 Layout = Callable[[list[list[int]], list[list[int]]], list[MicroBatch]]

@@ -12,10 +12,10 @@ from helpers import grouped_rows, needs_peft, policy_settings
 
 from reasonrl.batch import TrainBatch
 from reasonrl.config import ConfigError, load_config
-from reasonrl.policy import precision
-from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyWorker
+from reasonrl.model import precision
+from reasonrl.model.load import build_tiny_model
 from reasonrl.registry import LOSS_AGGREGATIONS
+from reasonrl.workers.policy import PolicyWorker
 
 PROMPTS, COMPLETIONS = grouped_rows()
 ADVANTAGES = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.7, -0.2])
@@ -160,7 +160,7 @@ def test_model_shapes_read_the_config_alone(tmp_path):
 def test_bf16_mixed_lora_trains_fp32_adapters_on_a_bf16_base(base_model):
     """LoRA under bf16-mixed: the frozen base computes in bf16, the adapters stay fp32 and are
     what the optimizer steps (no master copies: they are fp32 already), and a step moves them."""
-    from reasonrl.policy.lora import apply_lora
+    from reasonrl.model.lora import apply_lora
 
     model = apply_lora(copy.deepcopy(base_model), 4, 8.0, 0.0, ["q_proj", "v_proj"], seed=1)
     with torch.no_grad():

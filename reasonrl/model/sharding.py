@@ -2,7 +2,7 @@
 (`init_process_group`), FSDP2's root unit around an HF model (`ShardRoot`), its memory options
 (`ShardOptions`: ZeRO-2 / ZeRO-3, CPU offload) and `shard_model` / `shard_value_model` (every
 decoder layer one unit, the embeddings / final norm / LM head in the root unit). The ranks that
-train on the sharded model are `reasonrl.policy.parallel`'s.
+train on the sharded model are `reasonrl.workers.ranks`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reasonrl.policy.critic import ValueModel
+from reasonrl.model.value import ValueModel
 
 ROOT_PREFIX = "lm."  # ShardRoot's name for the HF model
 
@@ -67,7 +67,7 @@ class ShardOptions:
     mixed (model.precision=bf16-mixed): FSDP2's `MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32)`: the fp32 shards are the master weights AdamW steps, each unit's
     all-gather casts them to bf16 for its forward and backward, and gradients are reduced
-    (summed over ranks) in fp32, as `reasonrl.policy.precision.MasterWeights` does in one process.
+    (summed over ranks) in fp32, as `reasonrl.model.precision.MasterWeights` does in one process.
     """
 
     reshard_after_forward: bool = True

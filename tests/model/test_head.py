@@ -1,4 +1,4 @@
-"""Tests for reasonrl.policy.head: chunked LM-head log-probs and entropies."""
+"""Tests for reasonrl.model.head: chunked LM-head log-probs and entropies."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from reasonrl.policy import head as head_module
-from reasonrl.policy.head import fusable, head_logprobs
+from reasonrl.model import head as head_module
+from reasonrl.model.head import fusable, head_logprobs
 
 
 def plain(hidden, weight, targets, temperature=1.0):

@@ -6,7 +6,7 @@ completion token t, the same positions as the token's log-prob (`completion_hidd
 starts from the policy's weights (or `critic.path`) and a zero head, so its first values are
 0 and its first updates move the head before they move the body much.
 
-The worker trains with the policy's `Learner` (`reasonrl.policy.learner`), given the critic's
+The worker trains with the policy's `Learner` (`reasonrl.learn.learner`), given the critic's
 `LearnerSettings` (`for_critic`, whose table says which keys are its own and which it inherits
 from `optim`): its own AdamW (`critic.lr`), the same micro-batches (shared prompts, lean
 kernels, flat buffers, `optim.gradient_checkpointing`), `optim.ppo_epochs` x
@@ -23,58 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from reasonrl.algo import Metric, Totals, ValueLossSettings, value_objective
 from reasonrl.batch import CriticBatch
 from reasonrl.config import CriticConfig, OptimConfig
-from reasonrl.policy.forward import MicroBatch, completion_hidden, pad_like, per_row, pick
-from reasonrl.policy.learner import Learner, LearnerSettings, copy_weights
+from reasonrl.learn.learner import Learner, LearnerSettings, copy_weights
+from reasonrl.model.forward import MicroBatch, pad_like, per_row, pick
+from reasonrl.model.value import ValueModel, value_model
 
 WEIGHTS_FILE = "value_model.safetensors"
-
-
-class ValueModel(nn.Module):
-    """A causal LM's decoder and a scalar value head, zero-initialised. The LM head is unused:
-    an untied one is frozen (no gradient or optimizer memory)."""
-
-    def __init__(self, lm: nn.Module):
-        super().__init__()
-        self.lm, self.config = lm, lm.config
-        embed = lm.get_input_embeddings().weight
-        self.value_head = nn.Linear(lm.config.hidden_size, 1, device=embed.device, dtype=embed.dtype)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
-        head = lm.get_output_embeddings()
-        if head is not None and head.weight is not embed:
-            head.weight.requires_grad_(False)
-
-    route_through_forward = False  # set by FSDP2 sharding (`reasonrl.policy.parallel`)
-
-    def get_decoder(self) -> nn.Module:
-        return self if self.route_through_forward else self.lm.get_decoder()
-
-    def forward(self, **kwargs):
-        """The decoder's forward. Sharded with FSDP2, the decoder call is routed through here so
-        that the root's parameters are gathered (`get_decoder` returns the model itself)."""
-        return self.lm.get_decoder()(**kwargs)
-
-    def completion_values(self, mb: MicroBatch) -> torch.Tensor:
-        """[M, T] V(s_t) at each completion token's position, in float32."""
-        hidden = completion_hidden(self, mb)
-        # LoRA with bf16-mixed: a bf16 body, the trained head in fp32
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
-
-
-def value_model(cfg, lm) -> ValueModel:
-    """`lm` with a zero value head (and the policy's LoRA settings: adapters on the body, the
-    head trained in full)."""
-    lo = cfg.model.lora
-    if lo.rank > 0:
-        from reasonrl.policy.lora import apply_lora
-
-        lm = apply_lora(lm, lo.rank, lo.alpha, lo.dropout, lo.target_modules, seed=cfg.trainer.seed + 1)
-    return ValueModel(lm)
 
 
 class CriticWorker:
@@ -86,7 +43,7 @@ class CriticWorker:
         """The critic role in one process (algo.advantage=gae): `critic.path`'s model or a copy
         of the policy's (`colocate.base_model`) with a value head (its data-parallel ranks:
         `parallel.rank_critic`)."""
-        from reasonrl.policy.colocate import base_model
+        from reasonrl.model.colocate import base_model
 
         lm, tokenizer = base_model(cfg, host, "critic")
         return cls(value_model(cfg, lm), tokenizer.pad_token_id, cfg.critic, cfg.optim,

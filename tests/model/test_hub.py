@@ -15,7 +15,7 @@ import torch
 
 from reasonrl.cli import main
 from reasonrl.errors import ModelLoadError
-from reasonrl.policy.model import load_model_and_tokenizer, resolve_model_dir
+from reasonrl.model.load import load_model_and_tokenizer, resolve_model_dir
 
 REPO = Path(__file__).parents[2]
 REPO_ID = "acme/tiny-llama"

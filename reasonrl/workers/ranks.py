@@ -9,7 +9,7 @@ rank. Only the micro-batches differ: rank r trains on the r-th of N contiguous s
 each mini-batch. Each rank's loss is its rows' share of the full-batch loss (the normalisers are
 global), so the *sum* over ranks of the gradients is the gradient one process would get on
 the whole batch: FSDP's gradient reduce-scatter is set to sum (divide factor 1) instead of
-its default average. Checked in tests/policy/test_scaling.py (2 gloo ranks vs 1 process).
+its default average. Checked in tests/workers/test_scaling.py (2 gloo ranks vs 1 process).
 
 FSDP gathers and reduces inside every forward and backward, so all ranks must run the same
 number of them: a rank with fewer micro-batches pads with copies whose loss mask is zero
@@ -26,7 +26,7 @@ get gradients); its reference is the sharded model with the adapter switched off
 leave the ranks without a full copy on each: `sync_plan` / `weight_bucket` send the served
 weights (LoRA: each rank merges its own rows of W + s B A) to rank 0 alone, one tensor at a
 time into the bucket asked for, and `weights_checksum` adds the ranks' sums over their own
-rows. The sharding itself (`ShardRoot`, `ShardOptions`, `shard_model`) is `policy/sharding.py`.
+rows. The sharding itself (`ShardRoot`, `ShardOptions`, `shard_model`) is `model/sharding.py`.
 
 The rank processes themselves are started by `reasonrl.placement` (Ray actors).
 """
@@ -43,18 +43,19 @@ import torch.distributed as dist
 from reasonrl.accel import release_free_memory
 from reasonrl.algo import Metric
 from reasonrl.config import CriticConfig, OptimConfig
-from reasonrl.policy import lora
-from reasonrl.policy.critic import CriticWorker, ValueModel
-from reasonrl.policy.forward import MicroBatch, completion_logprobs, make_micro_batches
-from reasonrl.policy.precision import compute_dtype
-from reasonrl.policy.sharding import ROOT_PREFIX, ShardRoot
-from reasonrl.policy.shards import full_tensor, gather_rows, local_rows, sample_sum
-from reasonrl.policy.worker import PolicySettings, PolicyWorker
+from reasonrl.model import lora
+from reasonrl.model.forward import MicroBatch, completion_logprobs, make_micro_batches
+from reasonrl.model.precision import compute_dtype
+from reasonrl.model.sharding import ROOT_PREFIX, ShardRoot
+from reasonrl.model.shards import full_tensor, gather_rows, local_rows, sample_sum
+from reasonrl.model.value import ValueModel
 from reasonrl.weights import combine_sums, plan_buckets
+from reasonrl.workers.critic import CriticWorker
+from reasonrl.workers.policy import PolicySettings, PolicyWorker
 
 
 class DataParallel:
-    """The learner's strategy on one of N data-parallel ranks (`reasonrl.policy.learner.Local`
+    """The learner's strategy on one of N data-parallel ranks (`reasonrl.learn.learner.Local`
     is the one-process one). Each rank trains on its contiguous slice of every mini-batch,
     padded with zero-mask micro-batches to the largest count on any rank (FSDP runs the same
     collectives everywhere), and an update's metrics are combined over the ranks by their
@@ -345,7 +346,7 @@ class RankCriticWorker(CriticWorker):
         if self.rank == 0:
             from safetensors.torch import save_file
 
-            from reasonrl.policy.critic import WEIGHTS_FILE
+            from reasonrl.workers.critic import WEIGHTS_FILE
 
             Path(folder).mkdir(parents=True, exist_ok=True)
             save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(folder) / WEIGHTS_FILE))
@@ -372,8 +373,8 @@ def rank_policy(cfg, host) -> RankPolicyWorker:
     rank's and one process's, A drawn from `trainer.seed`) and shard it onto `host.device`. The
     reference model is a sharded copy, or with LoRA the sharded model itself run with the
     adapter switched off."""
-    from reasonrl.policy import sharding
-    from reasonrl.policy.colocate import load_model
+    from reasonrl.model import sharding
+    from reasonrl.model.colocate import load_model
 
     sharding.init_process_group(host.backend, host.init_method, host.rank, host.world,
                                 cfg.placement.call_timeout)
@@ -397,9 +398,9 @@ def rank_policy(cfg, host) -> RankPolicyWorker:
 def rank_critic(cfg, host) -> RankCriticWorker:
     """A critic rank (`placement.critic.ranks` > 1): join the critic's own process group, build
     the value model from the policy's (or critic.path's) model and shard it."""
-    from reasonrl.policy import sharding
-    from reasonrl.policy.colocate import critic_lm, load_model
-    from reasonrl.policy.critic import value_model
+    from reasonrl.model import sharding
+    from reasonrl.model.colocate import critic_lm, load_model
+    from reasonrl.model.value import value_model
 
     sharding.init_process_group(host.backend, host.init_method, host.rank, host.world,
                                 cfg.placement.call_timeout)

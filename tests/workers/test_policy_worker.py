@@ -8,11 +8,11 @@ from helpers import patch_entry, policy_settings
 
 from reasonrl.algo.policy_loss import ppo
 from reasonrl.batch import TrainBatch
-from reasonrl.policy.forward import completion_logprobs, layout_tokens, make_micro_batches
-from reasonrl.policy.learner import Learner
-from reasonrl.policy.model import build_tiny_model
-from reasonrl.policy.worker import PolicyWorker
+from reasonrl.learn.learner import Learner
+from reasonrl.model.forward import completion_logprobs, layout_tokens, make_micro_batches
+from reasonrl.model.load import build_tiny_model
 from reasonrl.registry import POLICY_LOSSES
+from reasonrl.workers.policy import PolicyWorker
 
 PROMPTS = [[1, 5, 9, 11], [1, 7], [1, 5, 9, 11], [3, 4, 5, 6, 7, 8]]
 COMPLETIONS = [[20, 21, 2], [30], [40, 41, 42, 43, 44], [50, 51]]
@@ -108,7 +108,7 @@ def test_shared_prompt_budget_orders_by_completion_length_when_that_runs_fewer_p
 def test_the_greedy_cut_is_its_definition_on_random_rows(share_prompt):
     """`micro_batch_rows` keeps the open chunk's size row by row; it must cut exactly where the
     definition does: before a row whose chunk would pass the row cap or `layout_tokens` > budget."""
-    from reasonrl.policy.forward import micro_batch_rows
+    from reasonrl.model.forward import micro_batch_rows
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(30):
@@ -519,7 +519,7 @@ def test_fused_adam_equals_the_default_adam(base_model):
 
 
 def test_gradients_and_adam_moments_live_in_single_buffers(base_model, monkeypatch):
-    """reasonrl.policy.memory: the moments are views of one buffer each from the start (and
+    """reasonrl.accel.memory: the moments are views of one buffer each from the start (and
     again after loading a checkpoint's optimizer state); during an update the gradients are
     views of one buffer, dropped after the step."""
     worker = PolicyWorker(copy.deepcopy(base_model), 0, policy_settings(lr=1e-3))
