@@ -21,10 +21,10 @@ import dataclasses
 from collections.abc import Callable
 
 from reasonrl import console
-from reasonrl.config import Config
+from reasonrl.config import Config, resolve_device
 from reasonrl.model.precision import resolve
 from reasonrl.placement.actors import build_ray_workers, ray_device
-from reasonrl.placement.local import Workers, build_here, build_local_workers, local_device
+from reasonrl.placement.local import Workers, build_here, build_local_workers
 from reasonrl.placement.preflight import (
     DEFAULT_POSITIONS,
     TINY_POSITIONS,
@@ -33,7 +33,7 @@ from reasonrl.placement.preflight import (
     preflight,
 )
 from reasonrl.placement.proxies import RemoteCritic, RemotePolicy, RemoteRollout, RemoteTeacher
-from reasonrl.placement.roles import ROLES, Host, Role
+from reasonrl.placement.roles import ROLES, Host, Role, active
 from reasonrl.placement.sync import (
     InProcessCopy,
     SharedMemory,
@@ -66,7 +66,8 @@ class Mode:
     side_beside: bool
 
 
-MODES = {"local": Mode(build_local_workers, lambda cfg, role: local_device(cfg), side_beside=True),
+MODES = {"local": Mode(build_local_workers, lambda cfg, role: resolve_device(cfg.placement.device),
+                       side_beside=True),
          "ray": Mode(build_ray_workers, ray_device, side_beside=False)}
 
 
@@ -110,10 +111,12 @@ def build_workers(cfg: Config, roles: tuple[str, ...] | None = None) -> Workers:
     `reasonrl reward` builds its judge), in this process (placement.mode=local) or in Ray actors
     (ray). Some roles alone (a judge) are built as they are: the policy's precision and context
     are the whole run's business."""
+    running = active(cfg, roles)  # the role counts, asked once
     if roles is None:
         cfg = with_precision(cfg)
-        check_model_context(cfg)  # again: `reasonrl probe`'s --max-new-tokens reaches only this config
-    return MODES[cfg.placement.mode].build(cfg, roles)
+        # again: `reasonrl probe`'s --max-new-tokens reaches only this config
+        check_model_context(cfg, running)
+    return MODES[cfg.placement.mode].build(cfg, running)
 
 
 def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:

@@ -285,13 +285,12 @@ class IsolatedActor:
             self.actor = None
 
 
-def build_ray_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Workers:
-    """Actors for every role of the run (`names`: only those; see the module docstring): each
+def build_ray_workers(cfg: Config, roles: list[tuple[Role, int]]) -> Workers:
+    """Actors for the run's `roles` (`roles.active`; see the module docstring): each
     with its `placement.<role>` resources, a role of several ranks joined in its own process
     group; the proxies over them, an isolated role's actor behind an `IsolatedActor`, and the
     streamed weight sync with its plan (which never reaches a frozen model)."""
     p = cfg.placement
-    roles = table.active(cfg, names)
     cfg = _absolute_paths(cfg, roles)
     _connect(p)
     env = dict(ACTOR_ENV)

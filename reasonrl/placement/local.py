@@ -70,13 +70,12 @@ def build_here(cfg: Config, name: str):
     return table.role(name).build(cfg, Host(device=local_device(cfg)))
 
 
-def build_local_workers(cfg: Config, names: tuple[str, ...] | None = None) -> Workers:
-    """Every role of the run (`names`: only those) in this process, in table order (see the
-    module docstring)."""
+def build_local_workers(cfg: Config, roles: list[tuple[Role, int]]) -> Workers:
+    """The run's `roles` (`roles.active`) in this process, in table order (see the module
+    docstring)."""
     host = Host(device=local_device(cfg), shared={})
     built: dict[str, object] = {}
     try:
-        roles = table.active(cfg, names)
         for role, _ in roles:
             if not role.within:
                 built[role.name] = (isolated_worker(role, cfg, Host(device=host.device)) if role.isolated

@@ -15,7 +15,7 @@ from reasonrl.config import Config, check_context
 from reasonrl.envs import environment_spec
 from reasonrl.errors import ConfigError
 from reasonrl.model.load import DEFAULT_MODEL_NAME, HUB_ID, TINY, resolve_model_dir
-from reasonrl.placement.roles import active
+from reasonrl.placement.roles import Role, active
 from reasonrl.registry import ENGINES, ENVIRONMENTS
 from reasonrl.tracking import missing_extra
 
@@ -48,10 +48,11 @@ def preflight(cfg: Config) -> None:
     run_check = ENVIRONMENTS[cfg.env.name].check_run if cfg.env.name != "none" else None
     if run_check is not None:  # what the environment needs of the whole run (a server's sessions)
         run_check(cfg)
-    for role, _ in active(cfg):
+    running = active(cfg)
+    for role, _ in running:
         if role.check is not None:
             role.check(cfg)
-    check_model_context(cfg)
+    check_model_context(cfg, running)
 
 
 TINY_POSITIONS = 2048  # build_tiny_model's max_position_embeddings (a test checks they agree)
@@ -95,11 +96,12 @@ def model_positions(path: str, revision: str = "") -> tuple[int, str] | None:
     return None
 
 
-def check_model_context(cfg: Config) -> None:
+def check_model_context(cfg: Config, running: list[tuple[Role, int]] | None = None) -> None:
     """`check_context` (a ConfigError naming data.max_prompt_tokens, rollout.max_new_tokens and
     the limit) for each role's model that reads the policy's sequences (its table row's
     `context`: the policy's, critic.path's, teacher.path's)."""
-    models = [role.context(cfg) for role, _ in active(cfg) if role.context is not None]
+    running = active(cfg) if running is None else running  # (role, count): `roles.active`
+    models = [role.context(cfg) for role, _ in running if role.context is not None]
     for name, path, revision in (m for m in models if m is not None):
         found = model_positions(path, revision)
         if found is not None:
