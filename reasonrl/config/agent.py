@@ -27,13 +27,23 @@ class AgentConfig:
     # statistics (as an unscored completion)
     on_failure: Literal["zero", "drop"] = "zero"
     # true: the endpoint refuses a call that the policy version the rollout started with would not
-    # serve (on-policy); false: calls are served by whatever version is loaded and tagged with it
+    # serve (on-policy; asynchronous: the batch's version, max(0, t - trainer.max_staleness)); false
+    # (asynchronous training only): calls are served by whatever version is loaded and tagged with it.
+    # Weights load between rollouts, never inside one, so neither refuses nor tags another version
+    # unless a load breaks that; every call carries its version (agent/staleness_mean, _max)
     pin_version: bool = True
 
 
-def agent_rules(fn: str, style: str, name: str, a: AgentConfig) -> None:
+def agent_rules(fn: str, style: str, name: str, a: AgentConfig, staleness: int = 0, critic: str = "",
+                gamma: float = 1.0, kl_in_reward: bool = False) -> None:
     """env.format=agent needs exactly one of env.fn (a callable) and env.agent.command; env.agent.*
-    keys need env.format=agent."""
+    keys need env.format=agent. env.agent.pin_version=false needs asynchronous training
+    (`staleness` = trainer.max_staleness > 0): on-policy, a call of another version would be trained
+    as the step's. A critic estimator (`critic`: algo.advantage's name, "" for a group estimator)
+    trains a split episode's sequences each as its own, ending with the episode's reward: right
+    when the reward-to-go of every token is that reward (algo.gamma = 1, no KL in the reward); a
+    sequence that ended before the episode did would otherwise miss the discount and the KL of the
+    tokens sampled after it."""
     default = AgentConfig()
     changed = [f"env.agent.{k}" for k, v in vars(a).items() if v != getattr(default, k)]
     if style != "agent":
@@ -48,3 +58,13 @@ def agent_rules(fn: str, style: str, name: str, a: AgentConfig) -> None:
         raise ConfigError("env.format=agent: set one of env.fn (a function agent(client, task), "
                           "module:function or path/file.py:function) and env.agent.command (a command run "
                           "per episode)" + (", not both" if fn else ""))
+    if not a.pin_version and staleness == 0:
+        raise ConfigError("env.agent.pin_version=false: on-policy training (trainer.max_staleness=0) trains "
+                          "every call as the step's policy version's, so it refuses calls of another; set "
+                          "trainer.max_staleness >= 1 or remove env.agent.pin_version")
+    if critic and (gamma != 1.0 or kl_in_reward):
+        why = f"algo.gamma={gamma:g}" if gamma != 1.0 else "algo.beta > 0 with algo.kl_in=reward"
+        raise ConfigError(f"algo.advantage={critic} with env.format=agent and {why}: a split episode's "
+                          "earlier sequences end before the episode, so their returns would miss the "
+                          "discount and KL of the tokens sampled after them; set algo.gamma=1 and "
+                          "algo.kl_in=loss (or algo.beta=0)")

@@ -100,7 +100,9 @@ def env_rules(cfg: Config) -> None:
         raise ConfigError(f"env.format: {e.format} is the style of an env.fn class; env.name={e.name} is "
                           "built in: remove env.format or set env.fn instead of env.name")
     openenv_rules(e.name, e.fn, e.format, e.url, e.openenv)
-    agent_rules(e.fn, e.format, e.name, e.agent)
+    a = cfg.algo
+    agent_rules(e.fn, e.format, e.name, e.agent, cfg.trainer.max_staleness,
+                a.advantage if needs_critic(a.advantage) else "", a.gamma, a.beta > 0 and a.kl_in == "reward")
     if e.name == "none" and not e.fn and e.format != "agent":
         changed = [f"env.{f.name}" for f in dataclasses.fields(EnvConfig)
                    if f.name != "name" and getattr(e, f.name) != getattr(EnvConfig(), f.name)]

@@ -42,8 +42,10 @@ API_KEY = "reasonrl"  # what OPENAI_API_KEY says: the endpoint checks none
 # ran past env.agent.timeout, called no model, sent a request the endpoint refused, had a call refused
 # for another policy version (env.agent.pin_version), or returned what is not a reward
 FAILURES = ("raised", "timeout", "no_call", "malformed", "stale_version", "bad_reward")
-# per-row counts an agent's episodes carry (`EpisodeStats.agent`), besides failed_<reason>
-COUNTS = ("calls", "chains", "untrained_calls", "other_sampling", "given", "dropped")
+# per-row counts an agent's episodes carry (`EpisodeStats.agent`), besides failed_<reason>; version_sum and
+# version_min: the sum and the least of the policy versions that served its calls (0 without a call)
+COUNTS = ("calls", "chains", "untrained_calls", "other_sampling", "given", "dropped", "version_sum",
+          "version_min")
 
 
 class AgentTimeout(Exception):
@@ -212,13 +214,17 @@ def agent_environment(cfg: EnvConfig) -> EnvSpec:
     return EnvSpec(f"agent:{program.name}", lambda: program, (), cfg, runner="agent")
 
 
-def agent_metrics(agent: dict[str, torch.Tensor]) -> dict[str, float]:
+def agent_metrics(agent: dict[str, torch.Tensor], trained_version: int | None = None) -> dict[str, float]:
     """agent/ metrics of a batch of agent episodes (`EpisodeStats.agent`): episodes; joined (all
     their calls in one sequence) and split (more than one: a call that did not extend the
     ones before); calls per episode; calls in no trained sequence (0: every sequence trains, a row
     each); calls sampled otherwise than the rollout (temperature, top_p, top_k); rewards the
     program gave; episodes dropped; failures, in all and by reason. Read from each episode's
-    first row (`Rollouts.episode_rows`): its other rows' counts are 0."""
+    first row (`Rollouts.episode_rows`): its other rows' counts are 0.
+
+    With `trained_version` (the policy version the step's update starts from), each call's
+    staleness, that version minus the one that served it: `agent/staleness_mean` over the calls
+    and `agent/staleness_max` (both absent when no episode made a call)."""
     chains, calls = agent["chains"], agent["calls"]
     out = {"agent/episodes": float(len(calls)), "agent/joined": float((chains == 1).sum().item()),
            "agent/split": float((chains > 1).sum().item()),
@@ -232,4 +238,9 @@ def agent_metrics(agent: dict[str, torch.Tensor]) -> dict[str, float]:
         failed = failed + agent[f"failed_{reason}"]
         out[f"agent/failed_{reason}"] = float(agent[f"failed_{reason}"].sum().item())
     out["agent/failed"] = float((failed > 0).sum().item())
+    called = calls > 0
+    if trained_version is not None and bool(called.any()):
+        total = calls.sum().item()
+        out["agent/staleness_mean"] = trained_version - agent["version_sum"].sum().item() / total
+        out["agent/staleness_max"] = float(trained_version - agent["version_min"][called].min().item())
     return out

@@ -26,39 +26,63 @@ class Outcome:
     timed_out: bool = False
 
 
-def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int) -> list[Outcome]:
+def run_calls(calls: Sequence[Callable[[], Any]], timeout: float, workers: int,
+              on_start: Callable[[int], None] | None = None,
+              on_end: Callable[[int], None] | None = None) -> list[Outcome]:
     """Run the zero-argument `calls` with at most `workers` at once and `timeout` seconds each
-    (from its start); their outcomes, in order. Never raises for what a call does."""
+    (from its start); their outcomes, in order. Never raises for what a call does.
+
+    Calls start in order: the first `workers`, then call i + 1 when a slot frees. `on_start(i)`
+    runs when call i is given its slot (before it runs), `on_end(i)` once it is answered
+    (returned, raised, or timed out); both under one lock, a call's end and the next call's start
+    together, so an observer (the agent endpoint's `Lockstep`) never sees the slot empty
+    between them."""
     n = len(calls)
     if n == 0:
         return []
     results: list[Outcome | None] = [None] * n
     started: list[float | None] = [None] * n
-    released = [False] * n
-    slots = threading.Semaphore(max(1, workers))
+    admitted, released = [False] * n, [False] * n
+    slots = {"free": max(1, workers), "next": 0}
     changed = threading.Condition()
+
+    def admit() -> None:  # under `changed`
+        while slots["free"] and slots["next"] < n:
+            i = slots["next"]
+            slots["next"] += 1
+            slots["free"] -= 1
+            admitted[i] = True
+            if on_start is not None:
+                on_start(i)
+        changed.notify_all()
 
     def release(i: int) -> None:
         with changed:
             if not released[i]:
                 released[i] = True
-                slots.release()
+                if on_end is not None:
+                    on_end(i)
+                slots["free"] += 1
+                admit()
             changed.notify_all()
 
     def work(i: int) -> None:
-        slots.acquire()
         with changed:
+            while not admitted[i]:
+                changed.wait()
             started[i] = time.monotonic()
             changed.notify_all()
         try:
             outcome = Outcome(value=calls[i]())
         except BaseException as err:  # whatever user code raises (SystemExit too) becomes an answer
             outcome = Outcome(error=f"{type(err).__name__}: {err}")
-        with changed:
+        with changed:  # answered and released at once: `run_calls` returns after every `on_end`
             if results[i] is None:  # not already answered as timed out
                 results[i] = outcome
-        release(i)
+            release(i)
 
+    with changed:
+        admit()
     for i in range(n):
         threading.Thread(target=work, args=(i,), daemon=True, name=f"reasonrl-env-step-{i}").start()
     with changed:

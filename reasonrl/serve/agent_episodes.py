@@ -36,6 +36,7 @@ An episode with no call trains nothing (its row's one id is masked).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 import uuid
@@ -49,8 +50,10 @@ from reasonrl.batch import EpisodeStats, Example, Rollouts, Turn
 from reasonrl.envs import run_calls
 from reasonrl.envs.agent import COUNTS, FAILURES, failure_of, task_of
 from reasonrl.registry import EPISODE_RUNNERS
-from reasonrl.rollout.base import SamplingParams
+from reasonrl.rollout.base import SEED_BOUND, SamplingParams
+from reasonrl.rollout.episodes import turn_seed
 from reasonrl.serve.app import Server
+from reasonrl.serve.batcher import Lockstep
 from reasonrl.serve.calls import CallRecord
 from reasonrl.serve.endpoint import Endpoint
 from reasonrl.serve.protocol import RequestError
@@ -61,19 +64,56 @@ class EpisodeCalls:
     """What the endpoint files under one live episode."""
 
     pinned: int | None  # the policy version its calls must be served by (None: any, tagged)
+    seed: int = 0  # the base of the seeds of its calls that give none (`call_seed`)
+    sample: int = 0  # which of its prompt's rollout.n episodes it is
+    requests: int = 0  # requests so far (numbered from 1 by arrival: `call_seed`)
     records: list[CallRecord] = field(default_factory=list)
     refused: list[RequestError] = field(default_factory=list)
 
 
+def call_seed(seed: int, sample: int, call: int) -> int:
+    """The sampling seed of an episode's `call`-th request (1, 2, ... by arrival) when it gives
+    none: `turn_seed` of the prompt's seed (`seed`), the episode's `sample` and `call`, a
+    function of the episode alone, so that its tokens do not depend on the batch or on which
+    other episodes ran (the batcher's own draws, in arrival order across episodes, would)."""
+    return turn_seed(seed, sample, call)
+
+
+def prompt_seed(prompt: list[int]) -> int:
+    """A greedy rollout's episodes have no prompt seed (`task["seed"]` is None); their calls that
+    sample anyway (an agent's own temperature) are seeded from the prompt's ids: the first 8
+    bytes of BLAKE2b over them, mod SEED_BOUND."""
+    digest = hashlib.blake2b(",".join(map(str, prompt)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % SEED_BOUND
+
+
 class AgentEndpoint(Endpoint):
     """The endpoint over a rollout worker's engine for its agent episodes: the served version is
-    the worker's `policy_version` (read at generation time); only live episodes' routes answer."""
+    the worker's `policy_version` (read at generation time); only live episodes' routes answer;
+    requests are batched in rounds over the live episodes (`Lockstep`), and a request that gives
+    no seed is sampled from `call_seed`, so that a run repeats bitwise."""
+
+    batcher: Lockstep
 
     def __init__(self, worker, max_model_len: int, **options):
         self._worker = weakref.ref(worker)  # not kept alive by its endpoint: its end stops the server
         self.live: dict[str, EpisodeCalls] = {}
+        self._lock = threading.Lock()
         super().__init__(worker.engine, worker.tokenizer, "policy", max_model_len, **options)
         self.on_call.append(self._record)
+
+    def make_batcher(self, window_s: float, max_rows: int, seed: int) -> Lockstep:
+        return Lockstep(self.engine, lambda: self.policy_version, max_rows, seed)
+
+    def start(self, key: str, calls: EpisodeCalls) -> None:
+        """Episode `key` is live: its route answers, and rounds wait for it."""
+        self.live[key] = calls
+        self.batcher.start(key)
+
+    def end(self, key: str) -> None:
+        """Episode `key` is over: its later requests (and any still waiting) are refused."""
+        self.live.pop(key, None)
+        self.batcher.end(key)
 
     @property
     def policy_version(self) -> int:
@@ -95,8 +135,14 @@ class AgentEndpoint(Endpoint):
         if calls is None:
             raise RequestError(f"episode {episode!r} is not running: call the base URL the episode was given "
                                "(/episodes/{key}/v1), while it runs", 404, code="episode_not_running")
-        if calls.pinned is not None and isinstance(body, dict):
-            body = {**body, "policy_version": calls.pinned}
+        if isinstance(body, dict):
+            with self._lock:
+                calls.requests += 1
+                number = calls.requests
+            if body.get("seed") is None:
+                body = {**body, "seed": call_seed(calls.seed, calls.sample, number)}
+            if calls.pinned is not None:
+                body = {**body, "policy_version": calls.pinned}
         try:
             return method(body, episode)
         except RequestError as err:
@@ -181,6 +227,7 @@ def model_context(engine, tokenizer) -> int:
     return length if isinstance(length, int) and 0 < length < 10**7 else 2048
 
 
+CALLS_AT_ONCE = 16  # an episode's calls in flight at once the agent server has threads for
 _SERVING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rollout worker -> (endpoint, server)
 _SERVING_LOCK = threading.Lock()
 
@@ -190,7 +237,10 @@ def serving(worker) -> tuple[AgentEndpoint, Server]:
     with _SERVING_LOCK:
         if worker not in _SERVING:
             endpoint = AgentEndpoint(worker, model_context(worker.engine, worker.tokenizer))
-            server = Server(endpoint, "127.0.0.1", 0).start()
+            # a round waits for every live episode's request: each must get a thread (an episode
+            # may have several calls at once, up to CALLS_AT_ONCE before they would wait)
+            threads = max(40, CALLS_AT_ONCE * worker.env.config.agent.concurrency)
+            server = Server(endpoint, "127.0.0.1", 0, threads=threads).start()
             _SERVING[worker] = (endpoint, server)
             weakref.finalize(worker, _stop, endpoint, server)
         return _SERVING[worker]
@@ -222,18 +272,21 @@ class AgentEpisodes:
             for s in range(n):
                 key = f"{nonce}-{k}-{s}"
                 keys.append(key)
-                calls[key] = EpisodeCalls(version if cfg.pin_version else None)
                 seed = None if seeds is None or params.greedy else seeds[k]
+                calls[key] = EpisodeCalls(version if cfg.pin_version else None,
+                                          prompt_seed(prompt) if seed is None else seed, s)
                 tasks.append(task_of(example, prompt, seed, s, sampling))
-        endpoint.live.update(calls)
         t = time.perf_counter()
-        try:
+        try:  # each episode is live from its start to its end (rounds wait for the live ones)
             outcomes = run_calls([program.episode(f"{base}/episodes/{key}/v1", task, cfg.timeout)
                                   for key, task in zip(keys, tasks, strict=True)],
-                                 program.wall_timeout(cfg.timeout), cfg.concurrency)
+                                 program.wall_timeout(cfg.timeout), cfg.concurrency,
+                                 on_start=lambda i: endpoint.start(keys[i], calls[keys[i]]),
+                                 on_end=lambda i: endpoint.end(keys[i]))
         finally:
             for key in keys:  # over: later calls (a program past its timeout) are refused
-                endpoint.live.pop(key, None)
+                endpoint.end(key)
+            endpoint.batcher.drain()  # no generation runs past the rollout (see the module docstring)
         seconds = time.perf_counter() - t
         rows = [self._row(calls[key], outcome, prompts[i // n], params, cfg.on_failure)
                 for i, (key, outcome) in enumerate(zip(keys, outcomes, strict=True))]
@@ -275,8 +328,10 @@ class AgentEpisodes:
         if failure is not None:
             turns = sequences[0]["turns"]
             turns[-1] = dataclasses.replace(turns[-1], error=f"agent failed ({failure}): {message}")
+        versions = [r.policy_version for r in records]
+        counts["version_sum"], counts["version_min"] = sum(versions), min(versions, default=0)
         return {"sequences": sequences, "counts": counts, "reward": float(reward or 0.0), "failure": failure,
-                "timed_out": failure == "timeout", "versions": [r.policy_version for r in records]}
+                "timed_out": failure == "timeout", "versions": versions}
 
     def _rollouts(self, episodes: list[dict], examples: list[Example], n: int, version: int,
                   seconds: float) -> Rollouts:

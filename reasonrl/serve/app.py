@@ -9,8 +9,10 @@ for one client, but not for the hundreds of concurrent agent episodes the batche
 Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/health`, and the same three
 under `/episodes/{key}/v1/` (the key is written into each `CallRecord.episode`: an episode runner
 gives each agent its own base URL). Handlers read the body as JSON themselves and run the
-blocking `Endpoint` call in Starlette's thread pool (40 threads: up to 40 requests wait on the
-batcher at once, the others queue in the server); every error is OpenAI's JSON body
+blocking `Endpoint` call in a thread pool (`threads`, 40 by default: up to 40 requests wait on
+the batcher at once, the others queue in the server; an episode runner's server has a thread for
+every request its episodes can have waiting, since a round waits for all of them); every error
+is OpenAI's JSON body
 `{"error": {"message", "type", "param", "code"}}`, unknown paths and methods included.
 """
 
@@ -37,17 +39,24 @@ def server_libraries_missing() -> str | None:
     return None
 
 
-def make_app(endpoint: Endpoint):
-    """The FastAPI application serving `endpoint`."""
+def make_app(endpoint: Endpoint, threads: int = 40):
+    """The FastAPI application serving `endpoint`, its blocking calls on at most `threads` threads."""
     problem = server_libraries_missing()
     if problem:
         raise MissingExtraError(problem)
+    import anyio
+    import anyio.to_thread
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="reasonrl", docs_url=None, redoc_url=None, openapi_url=None)
+    limiter: list = []  # made in the server's event loop, on the first request
+
+    async def in_thread(method, *args):
+        if not limiter:
+            limiter.append(anyio.CapacityLimiter(threads))
+        return await anyio.to_thread.run_sync(method, *args, limiter=limiter[0])
 
     def error(err: RequestError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
@@ -64,7 +73,7 @@ def make_app(endpoint: Endpoint):
         except ValueError as err:
             return error(RequestError(f"the request body is not valid JSON: {err}"))
         try:
-            return JSONResponse(await run_in_threadpool(method, body, episode))
+            return JSONResponse(await in_thread(method, body, episode))
         except RequestError as err:
             return error(err)
         except Exception as err:  # the engine failed: a server error with its reason
@@ -97,12 +106,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Server:
-    """`endpoint` over HTTP at http://host:port. `run()` serves in this thread until SIGINT or
-    SIGTERM (uvicorn's handlers: in-flight requests finish, then it returns); `start()` serves
-    from a background thread (tests, an episode runner) until `stop()`. Port 0: a free one."""
+    """`endpoint` over HTTP at http://host:port (its calls on `threads` threads). `run()` serves
+    in this thread until SIGINT or SIGTERM (uvicorn's handlers: in-flight requests finish, then
+    it returns); `start()` serves from a background thread (tests, an episode runner) until
+    `stop()`. Port 0: a free one."""
 
     def __init__(self, endpoint: Endpoint, host: str = "127.0.0.1", port: int = 8000,
-                 log_level: str = "warning"):
+                 log_level: str = "warning", threads: int = 40):
         problem = server_libraries_missing()
         if problem:
             raise MissingExtraError(problem)
@@ -110,7 +120,7 @@ class Server:
 
         self.endpoint, self.host = endpoint, host
         self.port = port or free_port(host)
-        config = uvicorn.Config(make_app(endpoint), host=host, port=self.port, log_level=log_level,
+        config = uvicorn.Config(make_app(endpoint, threads), host=host, port=self.port, log_level=log_level,
                                 access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

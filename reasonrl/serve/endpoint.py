@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 
 from reasonrl.rollout.base import RolloutEngine
-from reasonrl.serve.batcher import Batcher, Job, VersionMismatch
+from reasonrl.serve.batcher import Batcher, EpisodeOver, Job, VersionMismatch
 from reasonrl.serve.calls import CallHook, CallRecord
 from reasonrl.serve.protocol import (
     Choice,
@@ -54,9 +54,14 @@ class Endpoint:
         self.policy_version = policy_version
         self.limits = Limits(max_model_len=max_model_len, vocab_size=len(tokenizer),
                              default_max_tokens=default_max_tokens, max_n=max(1, max_rows))
-        self.batcher = Batcher(engine, lambda: self.policy_version, window_s, max_rows, seed)
+        self.batcher = self.make_batcher(window_s, max_rows, seed)
         self.on_call: list[CallHook] = []
         self.created = int(time.time())
+
+    def make_batcher(self, window_s: float, max_rows: int, seed: int) -> Batcher:
+        """The batching policy: a window (`reasonrl.serve.batcher`); an episode runner's endpoint
+        batches in rounds (`Lockstep`)."""
+        return Batcher(self.engine, lambda: self.policy_version, window_s, max_rows, seed)
 
     @classmethod
     def for_worker(cls, worker, model_name: str, max_model_len: int, **options) -> Endpoint:
@@ -108,8 +113,8 @@ class Endpoint:
 
     def _sample(self, p: Plan, route: str, request_id: str, episode: str | None) -> list[Choice]:
         # a completions request's prompts are sampled from seed, seed + 1, ... (each its own)
-        futures = [self.batcher.submit(Job(ids, p.params, None if p.seed is None else p.seed + i, p.version))
-                   for i, ids in enumerate(p.prompts)]
+        futures = self.batcher.submit_all([Job(ids, p.params, None if p.seed is None else p.seed + i,
+                                               p.version, episode) for i, ids in enumerate(p.prompts)])
         choices: list[Choice] = []
         try:
             for ids, future in zip(p.prompts, futures, strict=True):
@@ -117,6 +122,8 @@ class Endpoint:
         except VersionMismatch as err:
             raise RequestError(str(err), status=409, param="policy_version", code="policy_version_mismatch") \
                 from None
+        except EpisodeOver as err:
+            raise RequestError(str(err), 404, code="episode_not_running") from None
         for index, c in enumerate(choices):
             record = CallRecord(request_id=request_id, route=route, index=index, prompt_ids=c.prompt_ids,
                                 completion_ids=c.token_ids, logprobs=c.logprobs,

@@ -13,8 +13,8 @@ from reasonrl.batch import Rollouts, StepBatch
 from reasonrl.envs.agent import agent_metrics
 
 
-def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
-                  trainable: torch.Tensor | None = None) -> dict[str, float]:
+def batch_metrics(batch: StepBatch, advantages: torch.Tensor, trainable: torch.Tensor | None = None,
+                  trained_version: int | None = None) -> dict[str, float]:
     """reward/, advantage/ and rollout/ metrics of the batch that is trained on. Tokens per
     second count every generated token, dropped resampled groups included. A component a TRL
     reward function scores is the mean over the rows it applied to, `reward/unscored` counts
@@ -23,7 +23,8 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
     [N, T] (a critic's) are summarised over the model tokens of the `trainable` rows. Response
     lengths count the model's tokens; multi-turn episodes add `episode_metrics`. An agent episode
     that trains as several rows (`Rollouts.episode`) counts once, by its first row (its final call's
-    sequence; its advantage is its episode's), every sampled token in tokens per second."""
+    sequence; its advantage is its episode's), every sampled token in tokens per second; its calls'
+    staleness is taken against `trained_version`, the version the step's update starts from."""
     if batch.rollouts.episode is not None:
         first = batch.rollouts.episode_rows()[0]
         stats = {"rollout/generated_tokens": batch.rollouts.model_lengths.sum().item(), **batch.stats}
@@ -73,7 +74,7 @@ def batch_metrics(batch: StepBatch, advantages: torch.Tensor,
     if rollouts.episodes is not None:
         metrics.update(episode_metrics(rollouts))
         if rollouts.episodes.agent is not None:  # an agent program's episodes (docs/agents.md)
-            metrics.update(agent_metrics(rollouts.episodes.agent))
+            metrics.update(agent_metrics(rollouts.episodes.agent, trained_version))
     return metrics
 
 

@@ -182,6 +182,7 @@ class Trainer:
         algo = self.cfg.algo
         reset_gpu_peak()
         t0 = time.perf_counter()
+        trained_version = self.step_count  # the version this step's update starts from
         batch, produced = self.source.take(self.step_count)  # rollout + reward, now or made ahead
         rollouts, times = batch.rollouts, dict(batch.seconds)
         loss_mask = batch.trainable & ~rollouts.truncated if algo.mask_truncated else batch.trainable
@@ -215,7 +216,7 @@ class Trainer:
         self.step_count += 1  # the policy is now at version step_count
         timed(times, "sync", self.source.publish, self.step_count, self.eval_due(self.step_count))
         times["step"] = time.perf_counter() - t0
-        metrics.update(batch_metrics(batch, advantages, loss_mask))
+        metrics.update(batch_metrics(batch, advantages, loss_mask, trained_version))
         metrics.update(produced)
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update(gpu_memory_metrics())
