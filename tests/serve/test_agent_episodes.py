@@ -260,7 +260,8 @@ def agents_module():
 def test_a_call_after_a_weight_push_is_refused_on_policy_and_tagged_otherwise(engine, tokenizer,
                                                                               agents_module, pin):
     worker = agent_worker(engine, tokenizer, "env.fn=fixtures_agents:pinned_version",
-                          f"env.agent.pin_version={str(pin).lower()}", f"trainer.max_staleness={int(not pin)}")
+                          f"env.agent.pin_version={str(pin).lower()}",
+                          f"trainer.max_staleness={int(not pin)}")
     log = logged(worker)
     agents_module.LOAD_DURING = lambda: setattr(worker, "policy_version", 7)  # a push, mid-episode
     r = worker.rollout(EXAMPLES[:1], SamplingParams(n=1, max_new_tokens=4), seeds=[2])
