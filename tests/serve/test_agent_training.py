@@ -257,3 +257,175 @@ def test_pin_version_false_needs_asynchronous_training():
         cfg_for(REPO / "runs", "x", "env.agent.pin_version=false")
     assert not cfg_for(REPO / "runs", "x", "env.agent.pin_version=false", *staleness(1)).env.agent.pin_version
 
+
+
+# ---- split episodes (a harness that rewrites its history) with the other parts of a step -------
+
+class Prompts:
+    """A prompt sampler dealing the same examples from the first, every time."""
+
+    def __init__(self, examples):
+        self.examples = examples
+
+    def next(self, count):
+        return [self.examples[i % len(self.examples)] for i in range(count)]
+
+
+@needs_server
+def test_dynamic_sampling_drops_and_refills_split_episodes_by_whole_groups(tiny):
+    """DAPO's resampling over episodes of 2 sequences each: round 1 deals prompts 5 and 8; 8's
+    episodes all score 1 (flat: dropped with its 4 rows), 5's score 1, 0; round 2 refills with 5
+    again. The batch: 2 groups x 2 episodes x 2 rows, each row its episode's reward, and GRPO's
+    advantages over the episodes given to each of their rows."""
+    import copy
+
+    from reasonrl.batch import Example
+    from reasonrl.envs import environment_spec
+    from reasonrl.rollout import RolloutWorker
+    from reasonrl.rollout.hf import HFEngine
+    from reasonrl.source.collect import collect_batch
+    from reasonrl.train.advantage_stage import estimate_advantages
+
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [
+        "env.format=agent", f"env.fn={AGENTS}:rewrites_history_flat_unless_five", "trainer.batch_size=4",
+        "rollout.n=2", "algo.dynamic_sampling=true", "algo.max_resample=1"])
+    engine = HFEngine(copy.deepcopy(tiny[0]), tiny[1], decoder="modules", reuse_kv=False)
+    worker = RolloutWorker(engine, tiny[1], env=environment_spec(cfg.env))
+    examples = [Example("What is 2 + 3?", "5"), Example("What is 4 + 4?", "8")]
+    torch.manual_seed(0)
+    batch = collect_batch(worker, Prompts(examples), SamplingParams(n=2, max_new_tokens=6), cfg)
+    r = batch.rollouts
+    assert len(r) == 8 and r.group.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert r.episode.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [e.ground_truth for e in r.examples] == ["5"] * 8  # prompt 8's group was dropped
+    assert batch.stats["rollout/dropped_groups"] == 1 and batch.stats["rollout/resample_rounds"] == 1
+    assert batch.stats["rollout/groups"] == 2 and batch.trainable.all()
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0] * 2 and len(batch.scores.total) == 8
+    # before the filter: the 3 groups' 6 episodes (one reward each): (1 + 0 + 1 + 1 + 1 + 0) / 6
+    assert batch.stats["reward/mean_before_filter"] == pytest.approx(4 / 6)
+    advantages, _, _ = estimate_advantages(batch, None, None, batch.trainable, cfg.algo)
+    a = 0.5 / (0.5 ** 0.5 + cfg.algo.std_eps)  # each group's 2 episodes: rewards 1, 0
+    assert advantages.tolist() == pytest.approx([a, a, -a, -a] * 2, abs=1e-6)
+
+
+def split_batch(rewards: list[float]):
+    """Hand-built rows of one prompt's 3 episodes: episode 0 split in rows of 2 and 1 model
+    tokens, episode 1 one row whose middle id is the environment's (mask 0), episode 2 split in
+    rows of 1 and 2; `rewards` per episode, on each of its rows (`split_rows`)."""
+    from reasonrl.batch import Example, Rollouts, Scores, StepBatch
+    from reasonrl.source.collect import split_rows
+
+    ex = Example("q", "a")
+    full = Rollouts(prompt_ids=[[1]] * 5, completion_ids=[[2, 3], [4], [5, 6, 7], [8], [9, 10]],
+                    texts=["x"] * 5, group=torch.zeros(5, dtype=torch.long),
+                    truncated=torch.zeros(5, dtype=torch.bool), examples=[ex] * 5,
+                    token_mask=[[1, 1], [1], [1, 0, 1], [1], [1, 1]], episode=torch.tensor([0, 0, 1, 2, 2]))
+    first = full.episode_rows()[0]
+    r = torch.tensor(rewards)
+    return split_rows(StepBatch(full.take(first), Scores(r.clone(), {}), r, torch.ones(3, dtype=torch.bool)),
+                      full)
+
+
+def test_the_kl_in_the_reward_of_a_split_episode_is_summed_over_its_rows():
+    """beta 0.5, token KL by hand (the environment's id's 9.0 masked out): episode KLs 0.1 + 0.2 +
+    0.3 = 0.6, 0.5 + 0.5 = 1.0, 0 + 0.2 + 0.2 = 0.4; rewards 1, 0, 0.5 -> 0.7, -0.5, 0.3; GRPO over
+    the 3 episodes, each row its episode's advantage; train/kl_in_reward the mean over episodes."""
+    from reasonrl.config import AlgoConfig
+    from reasonrl.train.advantage_stage import estimate_advantages
+
+    batch = split_batch([1.0, 0.0, 0.5])
+    kl = [torch.tensor(k) for k in ([0.1, 0.2], [0.3], [0.5, 9.0, 0.5], [0.0], [0.2, 0.2])]
+    algo = AlgoConfig(beta=0.5, kl_in="reward")
+    advantages, critic_batch, metrics = estimate_advantages(batch, kl, None, batch.trainable, algo)
+    shaped = [0.7, -0.5, 0.3]
+    mean = sum(shaped) / 3
+    std = (sum((x - mean) ** 2 for x in shaped) / 2) ** 0.5
+    a = [(x - mean) / (std + algo.std_eps) for x in shaped]
+    assert advantages.tolist() == pytest.approx([a[0], a[0], a[1], a[2], a[2]], abs=1e-6)
+    assert critic_batch is None and metrics["train/kl_in_reward"] == pytest.approx(2.0 / 3)
+
+
+def test_a_critic_runs_over_each_row_of_a_split_episode_ending_with_its_reward():
+    """GAE (gamma 1, lambda 0.5, no whitening) over each row's model tokens, its episode's reward
+    at its end: row 0 values 0.2, 0.4, reward 1: deltas 0.2, 0.6 -> A = 0.2 + 0.5 x 0.6 = 0.5, 0.6;
+    row 1 value 0.1: 0.9; row 2 values 0.3, (env), 0.5, reward 0: deltas 0.2, -0.5 -> -0.05, 0,
+    -0.5; rows 3, 4 (reward 0.5) values 0.5 and 0.1, 0.3: 0; 0.2 + 0.5 x 0.2 = 0.3, 0.2. Returns
+    A + V: the critic's targets, on the model tokens."""
+    from reasonrl.config import AlgoConfig
+    from reasonrl.train.advantage_stage import estimate_advantages
+
+    batch = split_batch([1.0, 0.0, 0.5])
+    values = [torch.tensor(v) for v in ([0.2, 0.4], [0.1], [0.3, 0.9, 0.5], [0.5], [0.1, 0.3])]
+    algo = AlgoConfig(advantage="gae", lam=0.5, whiten_advantages=False)
+    advantages, critic_batch, _ = estimate_advantages(batch, None, values, batch.trainable, algo)
+    expected = [[0.5, 0.6, 0.0], [0.9, 0.0, 0.0], [-0.05, 0.0, -0.5], [0.0, 0.0, 0.0], [0.3, 0.2, 0.0]]
+    assert advantages.tolist() == [pytest.approx(row, abs=1e-6) for row in expected]
+    returns = [[0.7, 1.0], [1.0], [0.25, 0.0, 0.0], [0.5], [0.4, 0.5]]
+    assert [r.tolist() for r in critic_batch.returns] == [pytest.approx(row, abs=1e-6) for row in returns]
+
+
+def test_a_critic_with_discount_or_kl_in_the_reward_is_refused_for_agents():
+    """A split episode's earlier sequence ends before the episode: with gamma < 1 or the KL in the
+    reward its returns would be wrong, so the combination is refused at start-up, naming the keys."""
+    for over, why in ((["algo.gamma=0.9"], "algo.gamma=0.9"),
+                      (["algo.beta=0.1", "algo.kl_in=reward"], "algo.beta > 0 with algo.kl_in=reward")):
+        with pytest.raises(ConfigError, match=f"^algo.advantage=gae with env.format=agent and {why}: "):
+            cfg_for(REPO / "runs", "x", "algo.advantage=gae", *over)
+    assert cfg_for(REPO / "runs", "x", "algo.advantage=gae", "algo.beta=0.1").algo.kl_in == "loss"
+
+
+def two_steps(tmp_path: Path, *overrides: str) -> list[tuple[dict, object, torch.Tensor]]:
+    """Two training steps of configs/agent.yaml with the history-rewriting agent (4 episodes of 2
+    sequences a step, rewards 1, 0 in each group): (metrics, batch, advantages) of each."""
+    from reasonrl.train.trainer import Trainer
+
+    trainer = Trainer(cfg_for(tmp_path, "s", "trainer.steps=2", "trainer.eval_every=0",
+                              f"env.fn={AGENTS}:rewrites_history_scored", *overrides))
+    try:
+        return [trainer.step() for _ in range(2)]
+    finally:
+        trainer.workers.close()
+
+
+def split_rows_of(batch) -> tuple[list[int], torch.Tensor]:
+    """The episodes' first rows and each row's episode, checked: 4 episodes of 2 rows each."""
+    first, of = batch.rollouts.episode_rows()
+    assert len(batch.rollouts) == 8 and first == [0, 2, 4, 6] and of.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0] * 2
+    return first, of
+
+
+@needs_server
+@pytest.mark.parametrize("combo", ["dynamic_sampling", "kl_in_reward"])
+def test_split_episodes_train_with_dynamic_sampling_and_the_kl_in_the_reward(tmp_path, combo):
+    """Two steps each: every row trains with its episode's advantage (one per episode: GRPO over
+    each prompt's 2 episodes, plus the KL's share in the KL's run), and the metrics count episodes."""
+    over = {"dynamic_sampling": ["algo.dynamic_sampling=true"],
+            "kl_in_reward": ["algo.beta=0.5", "algo.kl_in=reward"]}[combo]
+    steps = two_steps(tmp_path, *over)
+    for metrics, batch, advantages in steps:
+        first, of = split_rows_of(batch)
+        assert batch.trainable.all() and torch.equal(advantages, advantages[first][of])
+        assert (metrics["agent/episodes"], metrics["agent/split"], metrics["reward/mean"]) == (4, 4, 0.5)
+        assert metrics["train/grad_norm"] > 0
+    if combo == "dynamic_sampling":
+        a = 0.5 / (0.5 ** 0.5 + 1e-4)  # nothing flat: nothing dropped, the plain GRPO advantages
+        for metrics, _, advantages in steps:
+            assert metrics["rollout/dropped_groups"] == 0 and metrics["rollout/groups"] == 2
+            assert advantages.tolist() == pytest.approx([a, a, -a, -a] * 2, abs=1e-6)
+    else:  # step 1: the policy is the reference (KL 0); step 2: it moved, and the KL is in the reward
+        assert steps[0][0]["train/kl_in_reward"] == 0.0 and steps[1][0]["train/kl_in_reward"] > 0
+
+
+@needs_server
+def test_split_episodes_train_a_critic_on_every_row(tmp_path):
+    """gae (gamma = lambda = 1): each row's return is its episode's reward at every model token, so
+    the critic's returns_mean is the rows' rewards weighed by their model tokens; the advantages
+    are per token [8, T]."""
+    for metrics, batch, advantages in two_steps(tmp_path, "algo.advantage=gae"):
+        split_rows_of(batch)
+        tokens = batch.rollouts.model_lengths
+        assert advantages.dim() == 2 and advantages.shape[0] == 8
+        expected = (batch.rewards * tokens).sum().item() / tokens.sum().item()
+        assert metrics["critic/returns_mean"] == pytest.approx(expected, abs=1e-6)
+        assert metrics["agent/split"] == 4
