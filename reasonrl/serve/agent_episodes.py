@@ -8,11 +8,16 @@ rollout worker hands it a rollout call instead of the turn loop). Per call:
    episodes' `/episodes/{key}/v1`: a call on `/v1`, or from an episode that is over (a program
    that outlived its timeout), is refused;
 2. each prompt's `rollout.n` episodes run the program (`reasonrl.envs.agent.AgentProgram`),
-   `env.agent.concurrency` at once, each with `env.agent.timeout` (`reasonrl.envs.run_calls`);
-   concurrent episodes' requests are batched into the engine's calls by the endpoint's batcher;
+   `env.agent.concurrency` at once, in order, each with `env.agent.timeout`
+   (`reasonrl.envs.run_calls`); an episode is live from its start to its end, and concurrent
+   episodes' requests are batched into the engine's calls in rounds over the live episodes
+   (`reasonrl.serve.batcher.Lockstep`); a request without a seed is sampled from `call_seed`, a
+   function of its episode: the same seeds give the same episodes, whatever the threads' timing
+   (a resumed run repeats bitwise);
 3. every call is recorded by its token ids (`CallRecord`, filed under its episode); with
    `env.agent.pin_version` each is pinned to the policy version the rollout started with (the
-   batcher refuses it if another is loaded), else tagged with the version that served it;
+   batcher refuses it if another is loaded), else tagged with the version that served it (each
+   record carries it either way: `agent/staleness_mean` and `_max` against the trained version);
 4. `join_calls`: a call whose prompt ids extend an earlier call's prompt + completion ids
    continues that sequence: the ids between (the environment's: tool output, the next user
    message, the chat template's markup) go in with mask 0, its sampled ids with mask 1 and
@@ -31,6 +36,15 @@ return value, or, when it returns None, the reward functions over its final answ
 call's completion); a failure (`reasonrl.envs.agent.FAILURES`) scores 0 or, with
 `env.agent.on_failure=drop`, leaves the episode unscored (`reasonrl.envs.base.with_env_reward`).
 An episode with no call trains nothing (its row's one id is masked).
+
+Weight loads never overlap a generate call, by construction rather than by `Endpoint.paused`:
+the endpoint generates only for live episodes, and `run` returns only once every episode has
+ended (a late request of a timed-out one is refused) and the round being served, if any, is done
+(`Lockstep.drain`). Weights change only between rollout calls: in asynchronous training the
+rollout process runs `LoadWeights` and `Produce` in order on its one command thread
+(`reasonrl.source.channel.run_commands`), and on-policy the trainer pushes (or, sharing the
+model, updates it) between steps. So every call of a batch is served by the version the batch was
+started with (in asynchronous training max(0, t - K)), which the pin guards.
 """
 
 from __future__ import annotations
