@@ -136,11 +136,18 @@ class ReferenceWorkerAPI(Protocol):
 
 
 class JudgeWorkerAPI(Protocol):
-    """A reward model or judge (reward.weights' `judge` / `classifier`: reward.model): frozen,
-    it scores one batch of rows per call, in a process of its own (each call has a deadline)."""
+    """A reward model or judge (reward.weights' `judge` / `classifier`: reward.model): a frozen
+    model (reasonrl.workers.frozen.FrozenModel) that scores one batch of rows per call, in a
+    process of its own (each call has a deadline)."""
 
     def score(self, prompts: list, completions: list[str], ground_truths: list[str]) -> list[float | str]:
         """One score per row: a number, or a string saying why the row has none."""
+        ...
+
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """A causal judge's token log-probs of each completion (a classifier has none: an error);
+        `rows` [N] bool: only those (others empty)."""
         ...
 
     def close(self) -> None: ...

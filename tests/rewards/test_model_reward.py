@@ -23,7 +23,7 @@ from reasonrl.batch import Example
 from reasonrl.config import load_config
 from reasonrl.config.reward import RewardModelConfig
 from reasonrl.errors import ConfigError, ModelLoadError
-from reasonrl.placement import build_workers, roles
+from reasonrl.placement import Host, build_workers, roles
 from reasonrl.rewards import model_reward, score, score_examples
 from reasonrl.rewards.judging import (
     chat_of,
@@ -36,7 +36,8 @@ from reasonrl.rewards.judging import (
     verdict_probability,
     verdict_scores,
 )
-from reasonrl.workers.judge import RewardModelWorker, load_reward_model
+from reasonrl.workers.frozen import FrozenModel
+from reasonrl.workers.judge import RewardModelWorker, judge_model
 
 SCRIPTED = str(Path(__file__).parents[1] / "fixtures" / "scripted_judge.py") + ":judge"
 PROMPTS = ["What is 2 + 3?",
@@ -225,7 +226,7 @@ def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, shared_judge):
     assert len({round(v, 6) for v in batched}) == 6  # six rows, six scores: the padding is not what is read
     # the tiny classifier as the worker builds it (reward.model.path=tiny)
     tiny_spec = {"kind": "classifier", **dataclasses.asdict(spec(path="tiny")), "device": "cpu"}
-    rm, _ = load_reward_model(tiny_spec)
+    rm, _ = judge_model(tiny_spec)
     texts = [classifier_text(tokenizer, p, c) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     alone["classifier"] = [classifier_scores(rm, tokenizer, [t], 1)[0] for t in texts]
     batched = classifier_scores(rm, tokenizer, texts, batch_size=6)
@@ -236,6 +237,42 @@ def test_batches_score_as_one_row_at_a_time(tiny, tmp_path, shared_judge):
         six = model_reward.score_with_model(kind, six_cfg, shared_judge(six_cfg, kind), PROMPTS,
                                             COMPLETIONS, TRUTHS, list(range(6)))[0]
         assert six == pytest.approx(alone[kind], abs=1e-5) and len(set(six)) == 6, kind
+
+
+def test_the_judge_is_a_frozen_model_holding_what_it_loaded(tiny, shared_judge):
+    """The judge role's worker is a `FrozenModel`: `from_config` loads reward.model once (the
+    tiny judge is `model.load`'s tiny model, weight for weight) and the worker holds it, frozen
+    (no gradient, eval mode; two workers, two models: no cache between them). A causal judge's
+    `logprobs` are its token log-probs (by hand: log_softmax of the logits of one forward over
+    prompt + completion, at the completion's targets), in its process as in this one; a
+    classifier scores and has no token log-probs."""
+    model, _ = tiny
+    cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 1.0}",
+                                             "reward.model.path=tiny"])
+    worker = RewardModelWorker.from_config(cfg, Host(device="cpu"))
+    again = RewardModelWorker.from_config(cfg, Host(device="cpu"))
+    assert isinstance(worker, FrozenModel) and worker.model is not again.model
+    assert not worker.model.training and not any(p.requires_grad for p in worker.model.parameters())
+    tiny_weights = dict(model.named_parameters())
+    assert all(torch.equal(p, tiny_weights[name]) for name, p in worker.model.named_parameters())
+    prompts, completions = [[1, 5, 9], [1, 7]], [[20, 21], [30, 31, 32]]
+    found = worker.logprobs(prompts, completions)
+    for p_ids, c_ids, logp in zip(prompts, completions, found, strict=True):
+        ids = torch.tensor([p_ids + c_ids])
+        with torch.no_grad():
+            logits = worker.model(ids).logits[0, len(p_ids) - 1: -1].float()
+        by_hand = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c_ids).unsqueeze(-1)).squeeze(-1)
+        assert logp.shape == (len(c_ids),) and torch.allclose(logp, by_hand, atol=1e-5)
+    remote = shared_judge(spec(path="tiny", batch_size=6)).logprobs(prompts, completions)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(remote, found, strict=True))
+    classifier_cfg = load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, classifier: 1.0}",
+                                                        "reward.model.path=tiny"])
+    rm = RewardModelWorker.from_config(classifier_cfg, Host(device="cpu"))
+    assert rm.model.__class__.__name__ == "LlamaForSequenceClassification" and not rm.model.training
+    scores = rm.score(PROMPTS[:2], COMPLETIONS[:2], TRUTHS[:2])
+    assert len(scores) == 2 and all(isinstance(v, float) for v in scores) and scores[0] != scores[1]
+    with pytest.raises(ValueError, match="has no token log-probs"):
+        rm.logprobs(prompts, completions)
 
 
 # ---- failures: garbage, raise, hang --------------------------------------------------------------
@@ -282,7 +319,7 @@ def shared_scripted(tmp_path_factory):
     log = tmp_path_factory.mktemp("scripted") / "calls.log"
     with pytest.MonkeyPatch.context() as patch:  # in force while its process starts
         scripted_row(patch, log)
-        workers = judge_workers(spec(path="scripted"))
+        workers = judge_workers(spec(path="tiny"))
     yield workers.judge, log
     workers.close()
 
@@ -297,7 +334,7 @@ def scripted_judge(shared_scripted):
 
 def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted_judge):
     completions = ["5", "RAISE 8", "x", "GARBAGE 12", "2", "0"]
-    cfg = spec(path="scripted", batch_size=2)
+    cfg = spec(path="tiny", batch_size=2)
     judge, calls = scripted_judge
     result = score(completions, TRUTHS, {"correct": 1.0, "judge": 1.0}, prompts=PROMPTS, model=cfg,
                    judge=judge)
@@ -305,9 +342,9 @@ def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted_j
     assert result.components["judge"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.75, 0.75]
     assert result.components["correct"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     assert result.errors == 3 and result.timeouts == 0
-    raised = "the judge (reward.model.path=scripted): RuntimeError: the judge exploded"
+    raised = "the judge (reward.model.path=tiny): RuntimeError: the judge exploded"
     assert result.failures[0] == result.failures[1] == raised
-    assert result.failures[3] == ("the judge (reward.model.path=scripted): ValueError: no number in the "
+    assert result.failures[3] == ("the judge (reward.model.path=tiny): ValueError: no number in the "
                                   "judge's answer 'I cannot say'")
     assert [result.failures[i] for i in (2, 4, 5)] == [None] * 3
     assert len(calls()) == 3
@@ -316,20 +353,20 @@ def test_a_judge_that_raises_or_returns_garbage_fails_those_rows_only(scripted_j
 def test_a_judge_that_hangs_is_killed_counted_and_replaced(scripted, judge_of):
     """The hung batch (SIGALRM blocked: only the kill at 1.2 x 1 + 0.5 s ends it) times out on
     its rows; the next batch goes to a fresh worker process and scores."""
-    cfg = spec(path="scripted", batch_size=1, timeout=1.0)
+    cfg = spec(path="tiny", batch_size=1, timeout=1.0)
     judge = judge_of(cfg)
     result = score(["5", "HANG", "2"], ["5", "8", "2"], {"judge": 1.0}, prompts=PROMPTS[:3], model=cfg,
                    judge=judge)
     assert result.components["judge"].tolist() == [0.75, 0.0, 0.75]
     assert result.timeouts == 1 and result.errors == 0 and result.timed_out == [False, True, False]
-    assert result.failures[1] == ("the judge (reward.model.path=scripted): timed out (reward.model.timeout: "
+    assert result.failures[1] == ("the judge (reward.model.path=tiny): timed out (reward.model.timeout: "
                                   "1 s per batch of 1)")
     assert judge.killed == 1 and [c[0] for c in scripted()] == ["5", "HANG", "2"]
 
 
 def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted_judge):
     completions = ["<think>a</think><answer>5</answer>", "5", "<think>b</think><answer>7</answer>"]
-    cfg = spec(path="scripted")
+    cfg = spec(path="tiny")
     judge, calls = scripted_judge
     result = score(completions, ["5", "5", "7"], {"format": 0.0, "judge": 1.0}, gate=["format"],
                    prompts=PROMPTS[:3], model=cfg, judge=judge)
