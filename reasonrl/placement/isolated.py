@@ -8,6 +8,14 @@ call starts a fresh process, which builds the worker again within the role's loa
 call past its deadline raises `WorkerTimeout`, one that raised there `WorkerCallError` with what
 it raised: the caller decides what a failed call means (a judge's rows score 0, counted). The
 process ignores SIGINT, as the reward workers do: a Ctrl-C stops the trainer's step, not it.
+
+The pipe carries the messages of this module, each a frozen dataclass (picklable), dispatched by
+its type as the rollout side's channel is (`reasonrl.source.channel`): the caller sends `Call`
+(a method, its arguments, its deadline) or `Close`; the process answers `Ready` or `NotBuilt`
+once, after building the worker, then each call with its `Reply` or its `Failure` (what it
+raised, or that it ran past its deadline). A message of another type is an error naming it:
+answered by a `Failure` in the process (which goes on serving), raised as `WorkerCallError` by
+the caller (whose process is then killed: a process that answers nonsense is not trusted).
 """
 
 from __future__ import annotations
@@ -21,6 +29,68 @@ import torch.multiprocessing as mp
 
 from reasonrl.errors import ModelLoadError, WorkerCallError, WorkerTimeout
 from reasonrl.worker_protocols import api_methods
+
+# ---- the caller's messages -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """`method(*args, **kwargs)` on the worker, interrupted at `timeout` seconds; answered by
+    `Reply` or `Failure`."""
+
+    method: str
+    args: tuple
+    kwargs: dict
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close the worker (within `timeout` seconds) and end the process; answered by `Reply` or
+    `Failure`."""
+
+    timeout: float
+
+
+# ---- the process's answers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker is built: calls may come."""
+
+
+@dataclass(frozen=True)
+class NotBuilt:
+    """Building the worker raised `error` (the caller raises it); the process ends."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A call's return value."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A call failed: what it raised (`error`, its type and text), or `timed_out` (interrupted
+    at its deadline)."""
+
+    error: str = ""
+    timed_out: bool = False
+
+
+MESSAGES = (Call, Close)  # the caller's
+ANSWERS = (Ready, NotBuilt, Reply, Failure)  # the process's
+
+
+def unknown(message, kinds: tuple[type, ...]) -> str:
+    """The error text of a message of none of `kinds`, naming it."""
+    return (f"unknown message {message!r} (a {type(message).__name__}; the messages: "
+            f"{', '.join(k.__name__ for k in kinds)})")[:2000]
 
 
 def hard_deadline(timeout: float) -> float:
@@ -42,39 +112,63 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"[:2000] if text else type(err).__name__
 
 
+def _run(worker, method: str, args: tuple, kwargs: dict, timeout: float) -> Reply | Failure:
+    """`method` of the worker run within `timeout` seconds (SIGALRM), as its answer."""
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(timeout, 1e-3))
+        try:
+            value = getattr(worker, method)(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return Reply(value)
+    except _SoftTimeout:
+        return Failure(timed_out=True)
+    except BaseException as err:  # noqa: BLE001 - the caller's to judge
+        return Failure(_describe(err))
+
+
 def _serve(conn, build, cfg, host) -> None:
-    """The worker's process: build it, say so (or why not), then answer calls until the pipe
-    closes or `close` is called."""
+    """The worker's process: build it, say so (or why not), then answer messages until the pipe
+    closes or `Close` comes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _on_alarm)
     try:
         worker = build(cfg, host)
     except BaseException as err:  # noqa: BLE001 - sent back: the caller raises it
         try:
-            conn.send(("failed", err))
+            conn.send(NotBuilt(err))
         except Exception:  # an exception that does not pickle: its text
-            conn.send(("failed", ModelLoadError(_describe(err))))
+            conn.send(NotBuilt(ModelLoadError(_describe(err))))
         return
-    conn.send(("ready", None))
+    conn.send(Ready())
     while True:
         try:
-            method, args, kwargs, timeout = conn.recv()
+            message = conn.recv()
         except EOFError:
             return
-        try:
-            signal.setitimer(signal.ITIMER_REAL, max(timeout, 1e-3))
-            try:
-                value = getattr(worker, method)(*args, **kwargs)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            reply = ("value", value)
-        except _SoftTimeout:
-            reply = ("timeout", None)
-        except BaseException as err:  # noqa: BLE001 - the caller's to judge
-            reply = ("error", _describe(err))
-        conn.send(reply)
-        if method == "close":
-            return
+        match message:
+            case Call(method, args, kwargs, timeout):
+                conn.send(_run(worker, method, args, kwargs, timeout))
+            case Close(timeout):
+                conn.send(_run(worker, "close", (), {}, timeout))
+                return
+            case _:
+                conn.send(Failure(f"TypeError: the worker's process got an {unknown(message, MESSAGES)}"))
+
+
+def read_answer(answer, name: str, method: str, timeout: float):
+    """A call's answer from the process of the `name` worker: the value of a `Reply`; a `Failure`
+    raised (`WorkerTimeout` past the deadline, else `WorkerCallError` with what the call raised);
+    an answer of another type `WorkerCallError` naming it."""
+    match answer:
+        case Reply(value):
+            return value
+        case Failure(_, True):
+            raise WorkerTimeout(f"the {name} worker did not finish {method}() within {timeout:g} s")
+        case Failure(error, False):
+            raise WorkerCallError(error)
+        case _:
+            raise WorkerCallError(f"the {name} worker answered {method}() with an {unknown(answer, ANSWERS)}")
 
 
 @dataclass
@@ -120,14 +214,21 @@ class ProcessWorker:
             self._kill()
             raise ModelLoadError(f"the {self.name} worker was not built within {self.load_timeout:g} s")
         try:
-            kind, value = self.conn.recv()
+            answer = self.conn.recv()
         except EOFError:
             code = self._kill()
             raise ModelLoadError(f"the {self.name} worker's process exited while building it (exit code "
                                  f"{code})") from None
-        if kind == "failed":
-            self._kill()
-            raise value
+        match answer:
+            case Ready():
+                return
+            case NotBuilt(error):
+                self._kill()
+                raise error
+            case _:
+                self._kill()
+                raise ModelLoadError(f"the {self.name} worker's process answered its build with an "
+                                     f"{unknown(answer, ANSWERS)}")
 
     def _kill(self) -> int | None:
         proc, self.proc = self.proc, None
@@ -146,27 +247,25 @@ class ProcessWorker:
         if self.proc is None:
             self._start()
         timeout = self.call_timeout
-        self.conn.send((method, args, kwargs, timeout))
+        self.conn.send(Call(method, args, kwargs, timeout))
         if not self.conn.poll(hard_deadline(timeout)):
             self._kill()
             self.killed += 1
             raise WorkerTimeout(f"the {self.name} worker did not answer {method}() within {timeout:g} s")
         try:
-            kind, value = self.conn.recv()
+            answer = self.conn.recv()
         except EOFError:
             code = self._kill()
             raise WorkerCallError(f"the {self.name} worker's process exited (exit code {code})") from None
-        if kind == "timeout":
-            raise WorkerTimeout(f"the {self.name} worker did not finish {method}() within {timeout:g} s")
-        if kind == "error":
-            raise WorkerCallError(value)
-        return value
+        if not isinstance(answer, (Reply, Failure)):
+            self._kill()
+        return read_answer(answer, self.name, method, timeout)
 
     def close(self) -> None:
         """Stop the process (asked, then killed); safe to call twice."""
         if self.proc is not None and self.proc.is_alive():
             try:
-                self.conn.send(("close", (), {}, 5.0))
+                self.conn.send(Close(5.0))
                 self.conn.poll(5.0)
             except (OSError, EOFError, ValueError):
                 pass
