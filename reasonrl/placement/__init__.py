@@ -50,7 +50,7 @@ __all__ = ["DEFAULT_POSITIONS", "MODES", "ROLES", "TINY_POSITIONS", "Host", "InP
            "RemotePolicy", "RemoteRollout", "RemoteTeacher", "Role", "SharedMemory", "StreamedBuckets",
            "WeightSync", "Workers", "build_here", "build_workers", "check_model_context", "model_positions",
            "precision_decision", "preflight", "receive", "role_device", "share_weights", "side_beside",
-           "snapshot_sync", "unshare_weights",
+           "side_workers", "snapshot_sync", "unshare_weights",
            "with_precision"]
 
 
@@ -58,7 +58,8 @@ __all__ = ["DEFAULT_POSITIONS", "MODES", "ROLES", "TINY_POSITIONS", "Host", "InP
 class Mode:
     """A placement.mode: how it builds the workers (every role of the table, or those named),
     the device a role's worker computes on, and whether asynchronous training's rollout side is
-    a process beside the trainer on this machine (then the two share its cores). Modules above
+    a process beside the trainer on this machine (then the two share its cores, and that process
+    builds the roles only it uses: `side_workers`). Modules above
     ask these instead of branching on the mode (tests/test_architecture.py checks that none does)."""
 
     build: Callable[..., Workers]
@@ -110,13 +111,25 @@ def build_workers(cfg: Config, roles: tuple[str, ...] | None = None) -> Workers:
     """The run's workers, every role of the table the config turns on (`roles`: only those, as
     `reasonrl reward` builds its judge), in this process (placement.mode=local) or in Ray actors
     (ray). Some roles alone (a judge) are built as they are: the policy's precision and context
-    are the whole run's business."""
+    are the whole run's business. Where asynchronous training's rollout side is a process beside
+    this one (`side_beside`), the roles only it uses (`Role.side`: the judge) are left to it
+    (`side_workers`): `Workers.judge` is None here."""
     running = active(cfg, roles)  # the role counts, asked once
     if roles is None:
         cfg = with_precision(cfg)
         # again: `reasonrl probe`'s --max-new-tokens reaches only this config
         check_model_context(cfg, running)
+        if side_beside(cfg):
+            running = [(role, n) for role, n in running if not role.side]
     return MODES[cfg.placement.mode].build(cfg, running)
+
+
+def side_workers(cfg: Config) -> Workers:
+    """The workers of the roles only the rollout side uses (`Role.side`: the judge, when the run
+    has one), built by the rollout process beside the trainer for itself (local placement,
+    asynchronous training: `build_workers` left them out of the trainer's process), as
+    `build_local_workers` builds them (an isolated role in a process of its own)."""
+    return build_local_workers(cfg, active(cfg, tuple(role.name for role in ROLES if role.side)))
 
 
 def snapshot_sync(cfg: Config, workers: Workers) -> WeightSync:

@@ -194,10 +194,6 @@ class ProcessWorker:
         if self.start:
             self._start()
 
-    def __reduce__(self):  # a copy for another process (asynchronous training's rollout process): unstarted
-        return (ProcessWorker, (self.name, self.build, self.api, self.cfg, self.host, self.load_timeout,
-                                self.call_timeout, False))
-
     def __getattr__(self, method: str):
         if method.startswith("_") or method not in self.__dict__.get("_methods", ()):
             raise AttributeError(method)

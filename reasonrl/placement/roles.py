@@ -18,7 +18,10 @@ base with the adapter switched off, no copy). Its row builds no worker and start
 proxy), placed by that role's section (`placement.policy`).
 
 Rows are built in table order in one process (local placement): the policy before its rollout
-engine, which may share its model (`reasonrl.model.colocate`).
+engine, which may share its model (`reasonrl.model.colocate`). A `side` row (the judge) is used
+only where batches are collected: where asynchronous training collects them in a rollout process
+beside the trainer (local placement), that process builds it (`placement.side_workers`) and the
+trainer's does not.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class Role:
     context: Callable[[Config], tuple[str, str, str] | None] | None = None
     check: Callable[[Config], None] | None = None  # the preflight's check, before any model loads
     within: str = ""  # served within that role's worker: no worker or actor of its own
+    # used where batches are collected alone (rewards are scored there): where asynchronous
+    # training's rollout side is a process beside the trainer, that process builds it, the trainer's not
+    side: bool = False
 
     def placement(self, cfg: Config):
         """Its `placement.<section>`."""
@@ -126,7 +132,7 @@ ROLES: tuple[Role, ...] = (
          context=lambda cfg: ("teacher.path's model", teacher_source(cfg.teacher.path), cfg.teacher.revision),
          check=check_tokenizers),  # a teacher reading other token ids: refused before any model loads
     Role("judge", JudgeWorkerAPI, RewardModelWorker.from_config, lambda cfg: 1 if judge_kind(cfg) else 0,
-         count_key="reward.weights", isolated=True, paths=("reward.model.path",),
+         count_key="reward.weights", isolated=True, side=True, paths=("reward.model.path",),
          load_timeout=lambda cfg: cfg.reward.model.load_timeout,
          call_timeout=lambda cfg: cfg.reward.model.timeout),
 )

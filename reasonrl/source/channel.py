@@ -168,10 +168,14 @@ def run_commands(conn, side, cfg: Config, sampling: SamplingParams) -> None:
 
 def serve(conn, side, cfg: Config, sampling: SamplingParams) -> None:
     """The rollout side's life: `side()` builds it (the rollout process's side, with its engine;
-    or the ray side, in a thread), then it runs the commands. Any failure goes back as its
-    traceback."""
+    or the ray side, in a thread), then it runs the commands, then it is closed. Any failure
+    goes back as its traceback."""
     try:
-        run_commands(conn, side(), cfg, sampling)
+        built = side()
+        try:
+            run_commands(conn, built, cfg, sampling)
+        finally:
+            built.close()
     except BaseException:  # noqa: BLE001 - everything goes back to the trainer, which raises it
         try:
             conn.send(Failed(traceback.format_exc()))

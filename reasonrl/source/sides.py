@@ -3,8 +3,10 @@ class per placement (`SIDES`, keyed by placement.mode), each built from the part
 builds and nothing else:
 
 - `ProcessSide` (local): the rollout process, with its own model and engine (the rollout role
-  built there: `placement.build_here`), its own torch threads, and torch's global RNG seeded
-  `trainer.seed + 1` for the prompt seeds; weights arrive through shared memory.
+  built there: `placement.build_here`) and the roles only it uses (the judge, in a process of
+  its own: `placement.side_workers`; the trainer's process builds none), its own torch threads,
+  and torch's global RNG seeded `trainer.seed + 1` for the prompt seeds; weights arrive through
+  shared memory.
 - `RaySide` (ray): a thread of the trainer's process driving the rollout replicas' actors;
   the prompt seeds come from a generator of its own seeded `trainer.seed + 1` (torch's global
   RNG is the trainer thread's), so both placements draw the same seeds; weights arrive as the
@@ -28,7 +30,7 @@ from reasonrl.checkpoint import numpy_rng, plain_rng
 from reasonrl.config import Config
 from reasonrl.data import PromptSampler
 from reasonrl.evaluate import EvalSettings
-from reasonrl.placement import SharedMemory, build_here, receive
+from reasonrl.placement import SharedMemory, build_here, receive, side_workers
 from reasonrl.rng import rng_state, seed_everything, set_rng_state
 from reasonrl.rollout import prompt_seeds
 from reasonrl.source.channel import Stop, queue_pipe, serve, to_bytes
@@ -47,13 +49,14 @@ class SideParts:
     threads: int = 1
     rollout: object = None
     transport: object = None
-    judge: object = None  # the judge role's worker (local: a copy the rollout process starts for itself)
+    judge: object = None  # the judge role's worker (ray: the trainer's proxy; local: the process's own)
 
 
 class Side:
     """The part both sides share: the prompt sampler, the checked load, the held-out eval.
     Each side also says what it takes of the trainer's workers (`given`) and how it is started
-    (`launch`: its channel's trainer end, the process or thread running it, its name)."""
+    (`launch`: its channel's trainer end, the process or thread running it, its name); `close`
+    frees what it built for itself when its command loop ends."""
 
     rollout: object
     transport: object
@@ -69,6 +72,9 @@ class Side:
     def evaluate(self) -> dict[str, float]:
         return held_out_metrics(self.rollout, self.parts.held_out, self.eval_settings, self.cfg.reward,
                                 self.parts.judge)
+
+    def close(self) -> None:
+        """Nothing: the workers it drives are the trainer's."""
 
 
 # Ctrl-C in a terminal signals the whole process group, and systemd, Slurm or `kill -- -PGID`
@@ -132,8 +138,13 @@ class ProcessSide(Side):
         torch.set_num_threads(parts.threads)
         self.rollout = build_here(cfg, "rollout")
         self.transport = SharedMemory(rollout=self.rollout)
+        self.own = side_workers(cfg)  # the judge, in a process of its own: built here alone
         seed_everything(cfg.trainer.seed + 1)  # the process's own stream (prompt seeds)
-        super().__init__(cfg, parts)
+        super().__init__(cfg, replace(parts, judge=self.own.judge))
+
+    def close(self) -> None:
+        """Stop the judge's process it started."""
+        self.own.close()
 
     def state(self) -> dict:
         """What a resumed process needs to continue as this one: the sampler and every RNG."""

@@ -1,6 +1,7 @@
 """End to end: configs/judge.yaml trains with the judge's verdict beside `correct` (the tiny random
-judge: the judge role, in a process of its own), and in ray placement with the judge role in a Ray
-actor, where a judge that hangs is killed and replaced as its process is in local placement."""
+judge: the judge role, in a process of its own), asynchronously with the judge built by the
+rollout process alone, and in ray placement with the judge role in a Ray actor, where a judge
+that hangs is killed and replaced as its process is in local placement."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from helpers import keep_torch_threads  # noqa: F401  (autouse: the runs set torch's threads)
 
 from reasonrl.config import load_config
-from reasonrl.placement import build_workers, roles
+from reasonrl.placement import build_workers, local, roles, side_workers
 from reasonrl.rewards import score
 from reasonrl.train.trainer import train
 from reasonrl.workers.judge import RewardModelWorker
@@ -41,6 +42,37 @@ def test_the_judge_config_trains_with_the_verdict_in_the_reward(tmp_path):
         assert 0.0 < r["reward/judge"] < 1.0 and r["reward/errors"] == 0 and r["reward/timeouts"] == 0
         assert r["reward/mean"] == pytest.approx(r["reward/correct"] + 0.5 * r["reward/judge"], abs=1e-6)
     assert steps[0]["reward/judge"] != steps[1]["reward/judge"]
+
+
+def test_an_asynchronous_local_run_builds_its_judge_in_the_rollout_process_alone(tmp_path, monkeypatch):
+    """trainer.max_staleness=1, local placement: the rollout process collects and scores the
+    batches, so it builds the judge role (`placement.side_workers`: a process of its own) and the
+    trainer's process builds none. Counted here, in the trainer's process: no judge built during
+    the run; the same config's `side_workers`, as the rollout process calls it, builds one, which
+    scores. Every step's reward/judge is a probability, scored in the rollout process."""
+    built = []
+    real = local.isolated_worker
+
+    def counted(role, cfg, host):
+        built.append(role.name)
+        return real(role, cfg, host)
+
+    monkeypatch.setattr(local, "isolated_worker", counted)
+    rows = judge_run(tmp_path, "async", "trainer.max_staleness=1")
+    assert built == []
+    steps = [r for r in rows if "reward/judge" in r and "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 0.0 < r["reward/judge"] < 1.0 and r["reward/errors"] == 0 and r["reward/timeouts"] == 0
+    cfg = load_config(REPO / "configs" / "judge.yaml", [*SMALL, "trainer.max_staleness=1"])
+    own = side_workers(cfg)
+    try:
+        assert built == ["judge"] and own.policy is None and own.rollout is None
+        result = score(["5", "7"], ["5", "5"], {"judge": 1.0}, prompts=["What is 2 + 3?"] * 2,
+                       model=cfg.reward.model, judge=own.judge)
+    finally:
+        own.close()
+    assert result.errors == 0 and all(0.0 < v < 1.0 for v in result.components["judge"].tolist())
 
 
 def test_ray_placement_runs_the_judge_in_an_actor(ray_session, tmp_path):

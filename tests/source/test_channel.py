@@ -80,6 +80,12 @@ class FakeSide:
     def evaluate(self):
         return {"eval/accuracy": 1.0}
 
+    def close(self):
+        CLOSED.append(self)
+
+
+CLOSED: list[FakeSide] = []  # the sides `serve` closed
+
 
 def test_the_side_runs_the_commands_in_order_and_answers_by_type():
     trainer, side_end = queue_pipe()
@@ -96,9 +102,10 @@ def test_the_side_runs_the_commands_in_order_and_answers_by_type():
 def test_an_unknown_command_is_an_error_naming_it():
     trainer, side_end = queue_pipe()
     trainer.send(("produce", 1))  # the old bare tuple
+    CLOSED.clear()
     serve(side_end, FakeSide, None, None)
     failed = trainer.recv()
-    assert isinstance(failed, Failed)
+    assert isinstance(failed, Failed) and len(CLOSED) == 1  # the side it built is closed all the same
     assert ("TypeError: rollout side: unknown command ('produce', 1) (a tuple; the commands: SetState, "
             "LoadWeights, Produce, Evaluate, Stop)") in failed.traceback
 
