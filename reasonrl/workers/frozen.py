@@ -1,5 +1,5 @@
-"""Frozen models: a model with a batched no-grad forward, the one kind of worker the teacher
-and the reference model are (the judge's forward is `score`: `reasonrl.workers.judge`).
+"""Frozen models: a model with a batched no-grad forward, the one kind of worker the teacher, the
+reference model and the judge are.
 
 `FrozenModel` holds a model nothing trains and no weight sync reaches, and answers `logprobs`:
 each completion's token log-probs under it, laid out in micro-batches by its `layout` (the
@@ -7,10 +7,15 @@ function that cuts rows into micro-batches), on its device, at its temperature. 
 some rows alone, computed in the micro-batches of exactly those rows (`rows_logprobs`): how the
 update lays out the rows it trains on, so values read by the update are bitwise its own.
 
-Two roles hold one (`reasonrl.placement.roles`):
+Three roles hold one (`reasonrl.placement.roles`):
 
 - the teacher (`teacher.path`, `reasonrl.workers.teacher.TeacherWorker`): its own model, placed
   by `placement.teacher`, laid out by the policy's settings (`TeacherSettings`);
+- the judge (`reward.model`, `reasonrl.workers.judge.RewardModelWorker`): its own model, loaded
+  by its `from_config` and held by the worker, placed by `placement.judge` (isolated: a process
+  of its own in local placement); its forward is `score` (a judge's verdict or number, a
+  classifier's pooled logit), and a causal judge's `logprobs` are laid out in micro-batches of
+  `reward.model.batch_size` rows;
 - the reference (`algo.beta > 0` or `algo.log_kl`): served within the policy's worker (its
   table row's `within="policy"`: the same process, device and data-parallel ranks, so each rank's
   reference sees the rows its update sees). Its model is the policy's before training (a copy
