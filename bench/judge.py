@@ -56,7 +56,7 @@ from reasonrl.config import load_config  # noqa: E402
 from reasonrl.data import load_examples  # noqa: E402
 from reasonrl.model.load import resolve_model_dir  # noqa: E402
 from reasonrl.placement import build_workers  # noqa: E402
-from reasonrl.rewards import model_reward, score_examples  # noqa: E402
+from reasonrl.rewards import score_examples  # noqa: E402
 from reasonrl.rewards.judging import classifier_text  # noqa: E402
 from reasonrl.rollout import SamplingParams  # noqa: E402
 
@@ -130,12 +130,15 @@ def generate(rollout, examples, per_prompt: int, seed: int):
 def model_scores(name: str, changes: dict, texts, rows) -> tuple[list[float], int, float, object]:
     """Each row's score by the model component `name` with configs/judge.yaml's reward.model and
     `changes` (failures score 0), the failures, the load seconds of its worker, the reward config."""
-    cfg = load_config(REPO / "configs" / "judge.yaml", [f"reward.weights={{{name}: 1.0}}"]).reward
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
+    full = load_config(REPO / "configs" / "judge.yaml", [f"reward.weights={{{name}: 1.0}}"])
+    cfg = dataclasses.replace(full.reward, model=dataclasses.replace(full.reward.model, **changes))
     t = time.perf_counter()
-    model_reward.host_for(model_reward.spec_of(name, cfg.model))
+    workers = build_workers(dataclasses.replace(full, reward=cfg), roles=("judge",))  # the model loaded
     loaded = time.perf_counter() - t
-    scores = score_examples(texts, rows, cfg)
+    try:
+        scores = score_examples(texts, rows, cfg, judge=workers.judge)
+    finally:
+        workers.close()
     return scores.components[name].tolist(), sum(f is not None for f in scores.failures), loaded, cfg
 
 
@@ -249,7 +252,6 @@ def main() -> None:
                   f"AUC {entry['auc']:.3f}, {entry['confusion']}, mean right {entry['mean_right']:.3f} "
                   f"wrong {entry['mean_wrong']:.3f}, failed {failed}; load {loaded:.1f} s, "
                   f"{entry['step_seconds']:.2f} s per 32 completions ({load()})", flush=True)
-            model_reward.close_hosts()
     result["step_seconds"].update({k: v["step_seconds"] for k, v in result["models"].items()})
     result.update(load_after=load(), total_seconds=time.perf_counter() - started, labels=labels)
 
