@@ -220,16 +220,24 @@ def resolve_model_dir(path: str | None, revision: str = "") -> Path:
     `revision`) resolved through the Hugging Face cache (`resolve_hub_model`)."""
     if not path:
         return default_model_dir()
+    folder = local_model_folder(path)
+    return resolve_hub_model(path, revision) if folder is None else folder
+
+
+def local_model_folder(path: str, key: str = "model.path") -> Path | None:
+    """The HF folder a local `path` names (a `checkpoints/step_N` folder: its `huggingface/`),
+    checked without loading anything; None for a Hub id that names no local folder (the Hugging
+    Face cache resolves it when loaded). A ModelLoadError naming `key` when it is neither."""
     folder = Path(path).expanduser()
     if (folder / "huggingface" / "config.json").is_file():  # a checkpoints/step_N folder
         folder = folder / "huggingface"
     if not folder.exists() and HUB_ID.match(path):
-        return resolve_hub_model(path, revision)
+        return None
     if not folder.is_dir():
-        raise ModelLoadError(f"model.path={path}: no such folder (expected an HF model folder with "
+        raise ModelLoadError(f"{key}={path}: no such folder (expected an HF model folder with "
                              "config.json, a Hub id like org/name, `tiny`, or empty for the default model)")
     if not (folder / "config.json").is_file():
-        raise ModelLoadError(f"model.path={path}: {folder} has no config.json; it is not an "
+        raise ModelLoadError(f"{key}={path}: {folder} has no config.json; it is not an "
                              "HF model folder")
     return folder
 

@@ -133,6 +133,7 @@ ROLES: tuple[Role, ...] = (
          check=check_tokenizers),  # a teacher reading other token ids: refused before any model loads
     Role("judge", JudgeWorkerAPI, RewardModelWorker.from_config, lambda cfg: 1 if judge_kind(cfg) else 0,
          count_key="reward.weights", isolated=True, side=True, paths=("reward.model.path",),
+         check=RewardModelWorker.check,  # a wrong reward.model.path: refused before any model loads
          load_timeout=lambda cfg: cfg.reward.model.load_timeout,
          call_timeout=lambda cfg: cfg.reward.model.timeout),
 )

@@ -38,7 +38,13 @@ from reasonrl.config import resolve_device
 from reasonrl.errors import ModelLoadError
 from reasonrl.model.budget import token_budget
 from reasonrl.model.forward import make_micro_batches
-from reasonrl.model.load import NoClassificationHead, load_classifier_and_tokenizer, load_model_and_tokenizer
+from reasonrl.model.load import (
+    TINY,
+    NoClassificationHead,
+    load_classifier_and_tokenizer,
+    load_model_and_tokenizer,
+    local_model_folder,
+)
 from reasonrl.registry import REWARD_COMPONENTS
 from reasonrl.rewards.judging import (
     RowScore,
@@ -123,6 +129,16 @@ class RewardModelWorker(FrozenModel):
         max_tokens = token_budget(model, device, 0)
         layout = functools.partial(_layout, spec["batch_size"], tokenizer.pad_token_id, max_tokens)
         super().__init__(model, layout, device)
+
+    @staticmethod
+    def check(cfg) -> None:
+        """The preflight's check of reward.model.path, before any model loads: a local folder
+        exists and holds config.json. An asynchronous local run builds its judge in the rollout
+        process at the first step; a wrong path still fails at start-up, in one line. The
+        default model, `tiny` and a Hub id are resolved when the worker loads them."""
+        path = cfg.reward.model.path
+        if path and path != TINY:
+            local_model_folder(path, key="reward.model.path")
 
     @classmethod
     def from_config(cls, cfg, host, target: str | None = None) -> RewardModelWorker:

@@ -376,6 +376,29 @@ def test_rows_the_gate_zeroes_are_not_sent_to_the_model(scripted_judge):
 
 # ---- start-up: loading and the config ------------------------------------------------------------
 
+def test_the_preflight_refuses_a_judge_folder_that_does_not_exist(tmp_path, monkeypatch):
+    """An asynchronous local run builds its judge in the rollout process at the first step: the
+    preflight checks reward.model.path first, in one line, before any model loads (and a
+    folder without config.json too); tiny, the default and Hub ids pass to the loader."""
+    from reasonrl.model import load as load_module
+    from reasonrl.placement import preflight
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the preflight loaded a model")
+
+    monkeypatch.setattr(load_module, "load_model_and_tokenizer", no_load)
+    overrides = ["reward.weights={correct: 1.0, judge: 0.5}", "trainer.max_staleness=1", "model.path=tiny"]
+    cfg = load_config("configs/smoke.yaml", [*overrides, f"reward.model.path={tmp_path}/none"])
+    with pytest.raises(ModelLoadError, match=rf"^reward.model.path={tmp_path}/none: no such folder"):
+        preflight(cfg)
+    (tmp_path / "empty").mkdir()
+    cfg = load_config("configs/smoke.yaml", [*overrides, f"reward.model.path={tmp_path}/empty"])
+    with pytest.raises(ModelLoadError, match=r"^reward.model.path=.*has no config.json"):
+        preflight(cfg)
+    for path in ("tiny", "HuggingFaceTB/not-a-local-folder"):
+        preflight(load_config("configs/smoke.yaml", [*overrides, f"reward.model.path={path}"]))
+
+
 def test_a_model_that_cannot_load_stops_the_run_at_start_up(tiny, tmp_path, shared_judge):
     """The judge role's model loads when the role is built (with the run's workers): one that
     cannot stops the run there; one that can scores (the tiny judge as the batches test has it)."""
