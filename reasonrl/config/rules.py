@@ -66,7 +66,8 @@ def data_rules(cfg: Config) -> None:
     need(cd.min_target <= cd.max_target, "data.countdown: min_target > max_target")
     need(ar.min_operand <= ar.max_operand, "data.arithmetic: min_operand > max_operand")
     reasoning_gym_rules(d.task, d.train_path, d.val_path, d.reasoning_gym)
-    verifiers_rules(d.task, d.verifiers, cfg.reward.task, cfg.reward.fn or cfg.reward.batch_fn)
+    verifiers_rules(d.task, d.verifiers, cfg.reward.task, cfg.reward.fn or cfg.reward.batch_fn,
+                    cfg.env.format, cfg.env.fn)
 
 
 def rollout_rules(cfg: Config) -> None:

@@ -8,7 +8,7 @@ other values). Docs: docs/env-verifiers.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from reasonrl.config.fields import param
 from reasonrl.errors import ConfigError
@@ -24,10 +24,24 @@ class VerifiersConfig:
     # the held-out tasks: the same taskset with these fields changed ({dataset_split: test}); {} = none
     val_args: dict[str, Any] = param({})
     limit: int = param(0, ge=0)  # read at most this many tasks (0 = all; an INFINITE taskset needs one)
+    # who plays a task: reasonrl, as verifiers' null harness (reply: its prompt, one reply, its rewards of the
+    # transcript), or verifiers' own rollout (verifiers: setup, tools, hooks, runtime rewards) as an agent
+    # episode (env.format=agent, env.fn=reasonrl.envs.verifiers_agent:agent)
+    rollout: Literal["reply", "verifiers"] = "reply"
 
 
-def verifiers_rules(task: str, v: VerifiersConfig, reward_task: str, reward_fn: str) -> None:
-    """data.verifiers.* only with data.task=verifiers, which needs a taskset and is scored by it."""
+AGENT = "reasonrl.envs.verifiers_agent:agent"  # the agent function that plays verifiers' own rollout
+
+
+def verifiers_rules(task: str, v: VerifiersConfig, reward_task: str, reward_fn: str, env_format: str = "auto",
+                    env_fn: str = "") -> None:
+    """data.verifiers.* only with data.task=verifiers, which needs a taskset and is scored by it;
+    verifiers' own rollout (data.verifiers.rollout=verifiers) is played as an agent episode by
+    `AGENT`, which plays nothing else."""
+    plays = env_format == "agent" and env_fn == AGENT
+    if plays and (task != "verifiers" or v.rollout != "verifiers"):
+        raise ConfigError(f"env.fn={AGENT}: it plays verifiers' own rollout of a verifiers taskset's tasks: "
+                          "set data.task=verifiers and data.verifiers.rollout=verifiers")
     default = VerifiersConfig()
     changed = [f"data.verifiers.{k}" for k, value in vars(v).items() if value != getattr(default, k)]
     if task != "verifiers":
@@ -41,3 +55,7 @@ def verifiers_rules(task: str, v: VerifiersConfig, reward_task: str, reward_fn: 
     if reward_task != "verifiers" and not reward_fn:
         raise ConfigError(f"reward.task: {reward_task}, but data.task=verifiers is scored by its taskset's "
                           "own rewards: set reward.task=verifiers")
+    if v.rollout == "verifiers" and not plays:
+        raise ConfigError("data.verifiers.rollout=verifiers: verifiers' own rollout runs as an agent "
+                          f"episode: set env.format=agent and env.fn={AGENT} (got env.format={env_format}, "
+                          f"env.fn={env_fn!r})")

@@ -2,25 +2,31 @@
 scored by the taskset's own rewards in reasonrl's reward workers (`reward.task=verifiers`:
 `reasonrl.rewards.verifiers_taskset`).
 
-What reasonrl plays is what verifiers' null harness plays for a task without tools
-(`verifiers/v1/harnesses/null`, its chat loop `harnesses/utils/core.py:run_chat_loop`: it
-ends at the first reply without a tool call): the task's system prompt and prompt, one model
-reply, the task's `@vf.reward` functions of (task, trace). Everything else a verifiers
-rollout offers runs through a model endpoint that a harness program calls (verifiers'
-interception server), which reasonrl does not have yet, so a taskset that uses any of it is
-refused at start-up, in one line naming what it uses, "until an OpenAI-compatible endpoint
-exists (issue #44)":
+Who plays a task is `data.verifiers.rollout`:
 
-- an Env class of its own (a custom episode loop: several agents, a simulated user, turns the
-  environment answers), or a Harness of its own (a custom agent program);
-- a task that prepares or reads a runtime (`setup`, `finalize`, `stage_verifier` overridden;
-  `NEEDS_CONTAINER`; an `image` or `workdir`), tools (toolsets: MCP servers whose calls have
-  side effects), `@vf.intercept` hooks, a `State` class of its own (state a rollout's tools
-  fill), judges (they call a model);
-- rewards that name the `runtime` or anything but `task` and `trace` (runtime state from a
-  custom rollout), or no reward at all;
-- a task without a prompt (the user opens: a simulated user), or a prompt that is not text
-  (images, tool calls, tool messages).
+- `reply` (the default): reasonrl, as verifiers' null harness plays a task without tools
+  (`verifiers/v1/harnesses/null`, its chat loop `harnesses/utils/core.py:run_chat_loop`: it
+  ends at the first reply without a tool call): the task's system prompt and prompt, one model
+  reply, the task's `@vf.reward` functions of (task, trace). A taskset that uses what only a
+  verifiers rollout gives is refused at start-up, in one line naming what it uses and, when
+  verifiers' own rollout can play it, that route.
+- `verifiers`: verifiers' own rollout (`verifiers.v1.Agent.run`) as an agent episode
+  (`env.format=agent`, `env.fn=reasonrl.envs.verifiers_agent:agent`) against the episode's
+  route of reasonrl's endpoint: the task's `setup` / `finalize` / `stage_verifier` on a
+  subprocess runtime, its MCP tools, `@vf.intercept` hooks, a `State` of its own, rewards that
+  read the runtime. Refused at start-up still, in either mode (`REFUSED`):
+
+  - an Env class of its own (a custom episode loop: several agents, a simulated user, turns the
+    environment answers) or a Harness of its own (a program verifiers launches): reasonrl plays
+    one agent per episode with its in-process chat harness;
+  - a container (`NEEDS_CONTAINER`, an `image` or a `workdir`, tool servers in a container
+    runtime): reasonrl runs verifiers' rollout on the subprocess runtime only;
+  - tool servers defined in a file given by its path: verifiers starts each as
+    `python -m <its module>`;
+  - judges (`task.judges`): they call a model endpoint of their own configuration, not the
+    policy;
+  - no reward, a task without a prompt (the user opens: a simulated user), or a prompt that is
+    not text (images, tool calls, tool messages).
 
 Metrics (`@vf.metric`) are computed by `Task.score` too and not logged; one that needs the
 runtime is skipped, as verifiers' own offline scoring skips it.
@@ -36,9 +42,16 @@ from reasonrl.batch import Example
 from reasonrl.config import DataConfig
 from reasonrl.errors import ConfigError
 from reasonrl.registry import DATA_TASKS
+from reasonrl.rewards.verifiers import FILE_MODULE
 from reasonrl.rewards.verifiers_taskset import import_v1, load_taskset, rebuild_task, task_reference
 
-UNTIL = "until an OpenAI-compatible endpoint exists (issue #44)"
+ROUTE = ("data.verifiers.rollout=verifiers env.format=agent env.fn=reasonrl.envs.verifiers_agent:agent "
+         "(docs/env-verifiers.md)")
+NULL = ("reasonrl plays a taskset as verifiers' null harness plays a task without tools: its prompt, one "
+        "model reply, its @vf.reward functions of (task, trace)")
+NEITHER = ("Neither reasonrl's reply (verifiers' null harness) nor verifiers' own rollout as reasonrl runs "
+           "it (reasonrl.envs.verifiers_agent: one agent, its in-process chat harness, the subprocess "
+           "runtime, the policy's endpoint) plays that")
 RUNTIME_HOOKS = ("setup", "finalize", "stage_verifier")  # Task methods that run against a runtime
 TRACE_ONLY = {"self", "task", "trace"}  # what a reward may name: invoke() gives task, trace (and runtime)
 
@@ -62,46 +75,62 @@ def episode_loop(target: str, taskset: Any) -> list[str]:
         offered = exported(inspect.getmodule(type(taskset)))
     found = []
     for base, what in ((vf.Env, "an Env of its own, {} (a custom episode loop: several agents, a simulated "
-                                "user, turns the environment answers)"),
-                       (vf.Harness, "a Harness of its own, {} (a custom agent program)")):
+                                "user, turns the environment answers; reasonrl plays one agent per episode)"),
+                       (vf.Harness, "a Harness of its own, {} (a program verifiers launches; reasonrl plays "
+                                    "verifiers' rollout with its own in-process chat harness)")):
         found += [what.format(c.__name__) for c in offered
                   if isinstance(c, type) and issubclass(c, base) and c not in (base, vf.SingleAgentEnv)]
     return found
 
 
-def task_uses(task: Any, taskset: Any) -> list[str]:
-    """What a task (its class, config and data) uses that needs a verifiers rollout."""
+def task_uses(task: Any, taskset: Any) -> tuple[list[str], list[str]]:
+    """What a task (its class, config and data) uses that needs a verifiers rollout: (what
+    verifiers' own rollout plays here, `data.verifiers.rollout=verifiers`; what nothing here
+    plays, with why)."""
     vf = import_v1()
     from verifiers.v1.state import state_cls
     from verifiers.v1.utils.decorators import discover_decorated
 
-    cls, uses = type(task), []
+    cls, playable, refused = type(task), [], []
     hooks = [h for h in RUNTIME_HOOKS if getattr(cls, h) is not getattr(vf.Task, h)]
     if hooks:
-        uses.append(f"{cls.__name__}.{', '.join(hooks)} (a runtime prepared or read)")
-    if cls.NEEDS_CONTAINER or task.data.image or task.data.workdir:
-        uses.append("a container (NEEDS_CONTAINER, an image or a workdir)")
-    tools = [type(t).__name__ for t in (*type(taskset).toolsets(taskset.config), *cls.toolsets(task.config))]
+        playable.append(f"{cls.__name__}.{', '.join(hooks)} (a runtime prepared or read)")
+    toolsets = [*type(taskset).toolsets(taskset.config), *cls.toolsets(task.config)]
+    local = (vf.SubprocessConfig, type(None))
+    boxed = [type(t).__name__ for t in toolsets if (c := getattr(t, "config", None)) is not None
+             and not getattr(c, "url", None) and not isinstance(getattr(c, "runtime", None), local)]
+    by_path = [type(t).__name__ for t in toolsets if type(t).__module__.startswith(FILE_MODULE)]
+    if by_path:
+        refused.append(f"tool servers defined in a file loaded by its path ({', '.join(by_path)}: verifiers "
+                       "starts each as `python -m <its module>`; give the taskset as module:Class, "
+                       "importable)")
+    if cls.NEEDS_CONTAINER or task.data.image or task.data.workdir or boxed:
+        refused.append("a container (NEEDS_CONTAINER, an image or a workdir, or tool servers in a container "
+                       f"runtime{': ' + ', '.join(boxed) if boxed else ''}; reasonrl runs verifiers' rollout "
+                       "on the subprocess runtime only)")
+    tools = [type(t).__name__ for t in toolsets]
     if tools:
-        uses.append(f"tools ({', '.join(tools)}: MCP servers whose calls have side effects)")
+        playable.append(f"tools ({', '.join(tools)}: MCP servers whose calls have side effects)")
     intercepts = [f.__name__ for f in discover_decorated(task, "intercept")]
     if intercepts:
-        uses.append(f"@vf.intercept hooks ({', '.join(intercepts)})")
+        playable.append(f"@vf.intercept hooks ({', '.join(intercepts)})")
     if state_cls(cls) is not vf.State:
-        uses.append(f"a State of its own, {state_cls(cls).__name__} (state a rollout's tools fill)")
+        playable.append(f"a State of its own, {state_cls(cls).__name__} (state a rollout's tools fill)")
     if task.config.judges:
-        uses.append(f"judges ({', '.join(type(j).__name__ for j in task.config.judges)}: they call a model)")
+        judges = ", ".join(type(j).__name__ for j in task.config.judges)
+        refused.append(f"judges ({judges}: they call a model endpoint of their own configuration, not the "
+                       "policy)")
     rewards = task.hooks("reward")
     needy = [f"{f.__name__}({', '.join(p)})" for f in rewards
              if (p := [n for n, q in inspect.signature(f).parameters.items()
                        if n not in TRACE_ONLY and q.default is q.empty and q.kind not in (q.VAR_POSITIONAL,
                                                                                             q.VAR_KEYWORD)])]
     if needy:
-        uses.append(f"rewards that read more than the transcript: {', '.join(needy)} (runtime state from a "
-                    "custom rollout)")
+        playable.append(f"rewards that read more than the transcript: {', '.join(needy)} (runtime state from "
+                        "a custom rollout)")
     if not rewards:
-        uses.append("no @vf.reward function (nothing to train on)")
-    return uses
+        refused.append("no @vf.reward function (nothing to train on)")
+    return playable, refused
 
 
 def prompt_of(task: Any, where: str) -> str | list[dict[str, str]]:
@@ -110,8 +139,8 @@ def prompt_of(task: Any, where: str) -> str | list[dict[str, str]]:
     send as text: no prompt, content parts that are not text, tool calls, tool messages."""
     data = task.data
     if data.prompt is None:
-        raise ConfigError(f"{where}: refused {UNTIL}: the task has no prompt (the user opens the "
-                          "conversation: a simulated user)")
+        raise ConfigError(f"{where}: refused: the task has no prompt (the user opens the conversation: a "
+                          "simulated user, which only an Env of its own plays)")
     messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
     if isinstance(data.prompt, str):
         if not messages:
@@ -120,8 +149,8 @@ def prompt_of(task: Any, where: str) -> str | list[dict[str, str]]:
     for m in data.prompt:
         if m.role not in ("system", "user", "assistant") or getattr(m, "tool_calls", None) \
                 or not isinstance(m.content, str):
-            raise ConfigError(f"{where}: refused {UNTIL}: its prompt holds a {m.role} message that is not "
-                              "plain text (tool calls, tool results, images)")
+            raise ConfigError(f"{where}: refused: its prompt holds a {m.role} message that is not plain text "
+                              "(tool calls, tool results, images: reasonrl's endpoint takes text)")
         messages.append({"role": m.role, "content": m.content})
     return messages
 
@@ -138,7 +167,21 @@ def ground_truth_of(task: Any) -> str:
     return json.dumps(own, sort_keys=True, default=str)
 
 
-def examples_of(target: str, args: dict, limit: int, where: str) -> list[Example]:
+def refusal(where: str, rollout: str, playable: list[str], refused: list[str]) -> str | None:
+    """The start-up refusal of a taskset that uses `playable` (what verifiers' own rollout plays
+    here) and `refused` (what nothing here plays) under `data.verifiers.rollout=rollout`, or None."""
+    if refused:
+        also = ""
+        if playable and rollout == "reply":
+            also = f"; it also uses {'; '.join(playable)}, which {ROUTE} plays"
+        return f"{where}: refused: it uses {'; '.join(refused)}{also}. {NEITHER}"
+    if playable and rollout == "reply":
+        return (f"{where}: refused: it uses {'; '.join(playable)}, which need verifiers' own rollout: run it "
+                f"as an agent episode, {ROUTE}. {NULL}")
+    return None
+
+
+def examples_of(target: str, args: dict, limit: int, where: str, rollout: str = "reply") -> list[Example]:
     """The taskset's tasks as examples (at most `limit`; 0 = all), each refused or kept."""
     try:
         taskset = load_taskset(target, args)
@@ -147,17 +190,18 @@ def examples_of(target: str, args: dict, limit: int, where: str) -> list[Example
     if taskset.INFINITE and not limit:
         raise ConfigError(f"{where}: an INFINITE taskset: set data.verifiers.limit")
     name = target.rpartition(":")[2] if ":" in target else target
-    uses = episode_loop(target, taskset)
+    playable: list[str] = []
+    refused = episode_loop(target, taskset)
     examples: list[Example] = []
     checked: set[type] = set()
     for task in taskset:
         if type(task) not in checked:  # what a task class uses is the same for its every task
-            uses += task_uses(task, taskset)
+            more, never = task_uses(task, taskset)
+            playable, refused = playable + more, refused + never
             checked.add(type(task))
-        if uses:
-            raise ConfigError(f"{where}: refused {UNTIL}: it uses {'; '.join(uses)}. reasonrl plays a "
-                              "taskset as verifiers' null harness plays a task without tools: its prompt, "
-                              "one model reply, its @vf.reward functions of (task, trace)")
+        refuse = refusal(where, rollout, playable, refused)
+        if refuse:
+            raise ConfigError(refuse)
         idx = task.data.idx
         info = {"taskset": target, "args": args, **task_reference(task, taskset),
                 "data": task.data.model_dump(mode="json")}
@@ -183,9 +227,9 @@ def verifiers_tasks(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Exa
         import_v1()
     except ImportError as err:
         raise ConfigError(f"{where}: {err}") from None
-    train = examples_of(v.taskset, dict(v.args), v.limit, where)
+    train = examples_of(v.taskset, dict(v.args), v.limit, where, v.rollout)
     held_out = []
     if v.val_args:
         held_out = examples_of(v.taskset, {**v.args, **v.val_args}, v.limit,
-                               f"{where} (data.verifiers.val_args)")
+                               f"{where} (data.verifiers.val_args)", v.rollout)
     return train, held_out

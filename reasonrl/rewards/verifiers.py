@@ -176,6 +176,9 @@ def check_functions(examples: list, cfg) -> None:
 _LOADED: dict[str, Callable[..., Any]] = {}
 
 
+FILE_MODULE = "reasonrl_custom_"  # the name's prefix of a module `load_target` loads from a file by its path
+
+
 def load_target(target: str) -> Callable[..., Any]:
     """Import "package.module:function" or "path/to/file.py:function" (cached).
 
@@ -191,7 +194,7 @@ def load_target(target: str) -> Callable[..., Any]:
         path = Path(module_name).resolve()
         if not path.is_file():
             raise FileNotFoundError(f"{module_name}: no such file")
-        name = f"reasonrl_custom_{abs(hash(str(path)))}"
+        name = f"{FILE_MODULE}{abs(hash(str(path)))}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

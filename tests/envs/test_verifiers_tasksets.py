@@ -1,9 +1,9 @@
 """verifiers v1 tasksets (`data.task=verifiers`, `reward.task=verifiers`): a taskset's tasks as
 examples, its `@vf.reward` functions scoring completions in reasonrl's reward workers (hand
 computed), a reward that raises or hangs counted, the tasksets refused at start-up (what only a
-verifiers rollout gives) in one line each, the config's rules, and the example config's two
-steps. The tasksets are the tests' own (tests/fixtures/verifiers_tasksets.py); nothing is
-fetched."""
+verifiers rollout gives: tests/envs/test_verifiers_agent.py plays it) in one line each, the
+config's rules, and the example config's two steps. The tasksets are the tests' own
+(tests/fixtures/verifiers_tasksets.py); nothing is fetched."""
 
 from __future__ import annotations
 
@@ -101,28 +101,40 @@ def test_a_reward_that_raises_or_hangs_scores_0_and_is_counted():
     assert "RuntimeError: boom" in scores.failures[0] and "timed out" in scores.failures[1]
 
 
+ROUTE = ("which need verifiers' own rollout: run it as an agent episode, data.verifiers.rollout=verifiers "
+         "env.format=agent env.fn=reasonrl.envs.verifiers_agent:agent (docs/env-verifiers.md)")
+NEITHER = "Neither reasonrl's reply (verifiers' null harness) nor verifiers' own rollout as reasonrl runs it"
+
+
 @pytest.mark.parametrize("taskset, uses", [
     ("Runtime", "it uses RuntimeTask.setup (a runtime prepared or read); rewards that read more than the "
-                "transcript: correct(runtime) (runtime state from a custom rollout)"),
-    ("Stateful", "it uses a State of its own, Counter (state a rollout's tools fill)"),
-    ("Tools", "it uses tools (SearchServer: MCP servers whose calls have side effects)"),
-    ("Unscored", "it uses no @vf.reward function (nothing to train on)"),
-    ("Silent", "the task has no prompt (the user opens the conversation: a simulated user)"),
+                f"transcript: correct(runtime) (runtime state from a custom rollout), {ROUTE}"),
+    ("Stateful", f"it uses a State of its own, Counter (state a rollout's tools fill), {ROUTE}"),
+    ("Tools", "it uses tool servers defined in a file loaded by its path (SearchServer: verifiers starts "
+              "each as `python -m <its module>`; give the taskset as module:Class, importable); it also uses "
+              "tools (SearchServer: MCP servers whose calls have side effects), which "
+              "data.verifiers.rollout=verifiers"),
+    ("Unscored", f"it uses no @vf.reward function (nothing to train on). {NEITHER}"),
+    ("Silent", "the task has no prompt (the user opens the conversation: a simulated user, which only an "
+               "Env of its own plays)"),
 ])
 def test_what_only_a_verifiers_rollout_gives_is_refused_in_one_line(taskset, uses):
+    """Refused by reasonrl's reply, each in one line: what verifiers' own rollout plays here names
+    that route (tests/envs/test_verifiers_agent.py plays one), what nothing here plays says so."""
     verifiers_or_skip()
     with pytest.raises(ConfigError) as err:
         load_examples(config(f"data.verifiers.taskset={TASKSETS}:{taskset}").data, seed=0)
     text = str(err.value)
     assert text.startswith(f"data.verifiers.taskset={TASKSETS}:{taskset}")
-    assert "refused until an OpenAI-compatible endpoint exists (issue #44)" in text and uses in text
+    assert "refused: " in text and uses in text and "issue #44" not in text
     assert "\n" not in text
 
 
 def test_a_taskset_with_its_own_env_is_refused():
     verifiers_or_skip()
     target = f"{REPO / 'tests' / 'fixtures' / 'verifiers_custom_env.py'}:Interview"
-    with pytest.raises(ConfigError, match=r"it uses an Env of its own, InterviewEnv \(a custom episode loop"):
+    with pytest.raises(ConfigError, match=r"refused: it uses an Env of its own, InterviewEnv \(a custom "
+                                          r"episode loop.*reasonrl plays one agent per episode\)\. Neither"):
         load_examples(config(f"data.verifiers.taskset={target}").data, seed=0)
 
 
