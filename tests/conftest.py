@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,24 +43,27 @@ from reasonrl.model.load import build_tiny_model  # noqa: E402
 # files fill in around them (longest first: the classic greedy schedule). The other files keep
 # their order; a name no longer here is skipped over.
 LONGEST_FIRST = [
-    "source/test_async.py",  # 242 s
-    "e2e/test_docs.py",  # 146
-    "placement/test_placement.py",  # 119
-    "source/test_async_signals.py",  # 100
-    "checkpoint/test_run_dir.py",  # 80
-    "checkpoint/test_checkpoint.py",  # 78
-    "rewards/test_model_reward.py",  # 75
-    "e2e/test_golden.py",  # 58
-    "checkpoint/test_resume_changes.py",  # 56
-    "workers/test_policy_worker.py",  # 50
-    "e2e/test_distill_runs.py",  # 45
-    "e2e/test_algo_grid.py",  # 45
-    "e2e/test_judges.py",  # 43
-    "e2e/test_e2e.py",  # 41
-    "rewards/test_failures.py",  # 33
-    "tools/test_tools.py",  # 28
-    "workers/test_scaling.py",  # 26
-    "sft/test_sft.py",  # 60-100, measured under load
+    "e2e/test_docs.py",  # 416 s
+    "source/test_async.py",  # 300
+    "placement/test_placement.py",  # 197
+    "e2e/test_algo_grid.py",  # 150
+    "e2e/test_golden.py",  # 116
+    "source/test_async_signals.py",  # 107
+    "checkpoint/test_checkpoint.py",  # 92
+    "checkpoint/test_run_dir.py",  # 81
+    "placement/test_placement_logprobs.py",  # 72
+    "e2e/test_judges.py",  # 67
+    "rewards/test_model_reward.py",  # 64
+    "e2e/test_e2e.py",  # 62
+    "workers/test_policy_worker.py",  # 61
+    "serve/test_agent_training.py",  # 59
+    "e2e/test_distill_runs.py",  # 58
+    "train/test_choices.py",  # 55
+    "rewards/test_failures.py",  # 53
+    "checkpoint/test_resume_changes.py",  # 52
+    "tools/test_tools.py",  # 47
+    "envs/test_verifiers_agent.py",  # 45
+    "evaluate/test_eval.py",  # 41
 ]
 
 
@@ -155,19 +159,32 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
-    """One Ray instance for the session (test_placement, test_async): 4 logical CPUs (two
-    policy ranks and two rollout replicas fit), a small object store; shut down (no process
-    left) at the end."""
+    """One Ray instance shared by the consecutive tests that ask for it (test_placement,
+    test_async, ...): 4 logical CPUs (two policy ranks and two rollout replicas fit), a small
+    object store. It is shut down (no process left) as soon as the next test does not ask for it
+    (`pytest_runtest_teardown`): an idle cluster's raylet, GCS, log monitor and idle workers
+    otherwise stay up beside every later test of that pytest-xdist worker, on 2 cores."""
     ray = pytest.importorskip("ray")  # the dev extra; a GPU machine without it skips these
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    t = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,
-             configure_logging=False, log_to_driver=False)
-    print(f"[conftest] ray.init took {time.perf_counter() - t:.1f} s")
-    yield ray
-    ray.shutdown()
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        t = time.perf_counter()
+        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,
+                 configure_logging=False, log_to_driver=False)
+        print(f"[conftest] ray.init took {time.perf_counter() - t:.1f} s")
+    return ray
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown: the test's fixtures closed their actors
+def pytest_runtest_teardown(item, nextitem):
+    """Ray down after the last of a run of tests that asked for `ray_session` (statically or
+    through `request.getfixturevalue`): the next one that asks starts it again."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    if nextitem is None or "ray_session" not in getattr(nextitem, "fixturenames", ()):
+        ray.shutdown()
 
 
 # ---- golden runs (tests/e2e/test_golden.py): how many compared with a record of this machine ----
