@@ -111,24 +111,13 @@ def through_endpoint(url: str, model: str, messages: list, seeds: list[int], arg
 
 def build(engine_name: str, args):
     """(engine, tokenizer, context, config) as `reasonrl serve` builds them."""
-    from reasonrl.config import load_config, resolve_device
-    from reasonrl.model.load import load_model_and_tokenizer
-    from reasonrl.model.precision import cast_for_compute, load_dtype
-    from reasonrl.placement import model_positions, with_precision
-    from reasonrl.registry import ENGINES
-    from reasonrl.rollout import make_engine
+    from reasonrl.commands.serve import serving_engine
+    from reasonrl.config import load_config
+    from reasonrl.placement import with_precision
 
     cfg = with_precision(load_config(None, [f"model.path={args.model}", f"rollout.engine={engine_name}",
                                             f"data.task={args.task}", *args.overrides]))
-    positions = model_positions(cfg.model.path, cfg.model.revision)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, load_dtype(cfg.model.precision),
-                                                seed=cfg.trainer.seed, revision=cfg.model.revision)
-    model = cast_for_compute(model.to(resolve_device(cfg.placement.device)), cfg.model.precision).eval()
-    context = positions[0] if positions else int(getattr(model.config, "max_position_embeddings", 2048))
-    engine_limit, _ = ENGINES[cfg.rollout.engine].max_model_len(cfg.rollout)
-    if engine_limit:
-        context = min(context, engine_limit)
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
+    engine, tokenizer, context = serving_engine(cfg)
     return engine, tokenizer, context, cfg
 
 

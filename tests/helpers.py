@@ -344,3 +344,14 @@ def run_child(tmp_path: Path, mode: str, sig: int, *overrides: str,
         proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+class Prompts:
+    """A prompt sampler (`collect_batch`'s `next(count)`) dealing the same examples from the
+    first, every time."""
+
+    def __init__(self, examples):
+        self.examples = examples
+
+    def next(self, count):
+        return [self.examples[i % len(self.examples)] for i in range(count)]

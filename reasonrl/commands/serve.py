@@ -73,13 +73,33 @@ def newest_checkpoint(path: str) -> tuple[str, int]:
     return path, 0
 
 
-def serve_command(args: argparse.Namespace) -> int:
-    from reasonrl.config import load_config, resolve_device
-    from reasonrl.model.load import DEFAULT_MODEL_NAME, load_model_and_tokenizer
+def serving_engine(cfg):
+    """(engine, tokenizer, context in positions) of a config whose model.precision is resolved:
+    the model loaded and cast for compute on placement.device, in eval mode, under the engine
+    `rollout.engine` names; the context is the model's, capped by the engine's own limit."""
+    from reasonrl.config import resolve_device
+    from reasonrl.model.load import load_model_and_tokenizer
     from reasonrl.model.precision import cast_for_compute, load_dtype
-    from reasonrl.placement import model_positions, with_precision
+    from reasonrl.placement import model_positions
     from reasonrl.registry import ENGINES
     from reasonrl.rollout import make_engine
+
+    positions = model_positions(cfg.model.path, cfg.model.revision)
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, load_dtype(cfg.model.precision),
+                                                seed=cfg.trainer.seed, revision=cfg.model.revision)
+    model = cast_for_compute(model.to(resolve_device(cfg.placement.device)), cfg.model.precision).eval()
+    context = positions[0] if positions else int(getattr(model.config, "max_position_embeddings", 2048))
+    engine_limit, _ = ENGINES[cfg.rollout.engine].max_model_len(cfg.rollout)
+    if engine_limit:
+        context = min(context, engine_limit)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
+    return engine, tokenizer, context
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from reasonrl.config import load_config
+    from reasonrl.model.load import DEFAULT_MODEL_NAME
+    from reasonrl.placement import with_precision
     from reasonrl.serve import Endpoint
     from reasonrl.serve.app import Server, server_libraries_missing
 
@@ -103,15 +123,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.batch_window_ms < 0:
         raise ConfigError(f"--batch-window-ms: must be >= 0, got {args.batch_window_ms}")
     cfg = with_precision(cfg)
-    positions = model_positions(cfg.model.path, cfg.model.revision)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, load_dtype(cfg.model.precision),
-                                                seed=cfg.trainer.seed, revision=cfg.model.revision)
-    model = cast_for_compute(model.to(resolve_device(cfg.placement.device)), cfg.model.precision).eval()
-    context = positions[0] if positions else int(getattr(model.config, "max_position_embeddings", 2048))
-    engine_limit, _ = ENGINES[cfg.rollout.engine].max_model_len(cfg.rollout)
-    if engine_limit:
-        context = min(context, engine_limit)
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout, cfg.trainer.threads)
+    engine, tokenizer, context = serving_engine(cfg)
     name = args.served_model_name or (checkpoint if checkpoint is not None else cfg.model.path) \
         or DEFAULT_MODEL_NAME
     endpoint = Endpoint(engine, tokenizer, name, context, policy_version=version,

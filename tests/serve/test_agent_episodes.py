@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Prompts
 
 from reasonrl.algo import AdvantageInputs, estimate
 from reasonrl.batch import Example
@@ -131,16 +132,6 @@ def test_a_history_rewrite_trains_every_sequence_as_a_row_of_its_episode(engine,
             for i in (e, e + 1)] + [r.texts[e]] for e in (0, 2)]
     assert sorted(got) == sorted(expected)
     assert not agent["given"].any()
-
-
-class Prompts:
-    """A prompt sampler of the same examples, again and again."""
-
-    def __init__(self, examples):
-        self.examples = examples
-
-    def next(self, count):
-        return [self.examples[i % len(self.examples)] for i in range(count)]
 
 
 @needs_openai

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import interrupt_after, keep_torch_threads  # noqa: F401 - an autouse fixture
+from helpers import Prompts, interrupt_after, keep_torch_threads  # noqa: F401 - an autouse fixture
 from safetensors.torch import load_file
 
 from reasonrl.config import load_config
@@ -260,16 +260,6 @@ def test_pin_version_false_needs_asynchronous_training():
 
 
 # ---- split episodes (a harness that rewrites its history) with the other parts of a step -------
-
-class Prompts:
-    """A prompt sampler dealing the same examples from the first, every time."""
-
-    def __init__(self, examples):
-        self.examples = examples
-
-    def next(self, count):
-        return [self.examples[i % len(self.examples)] for i in range(count)]
-
 
 @needs_server
 def test_dynamic_sampling_drops_and_refills_split_episodes_by_whole_groups(tiny):
