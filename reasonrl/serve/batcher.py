@@ -135,10 +135,7 @@ class Batcher:
             if first is None:
                 break
             jobs, closed = self._collect(first)
-            groups: dict[SamplingParams, list[Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.params, []).append(job)
-            for params, group in groups.items():
+            for params, group in by_params(jobs).items():
                 self._generate(params, group)
         while True:  # closed: whatever is still queued fails
             try:
@@ -181,6 +178,15 @@ class Batcher:
             self.jobs_served += 1
             job.future.set_result(Served(out.completion_ids[rows], out.truncated[rows], logprobs,
                                          None if seeds is None else seeds[i], served, now))
+
+
+def by_params(jobs: list[Job]) -> dict[SamplingParams, list[Job]]:
+    """`jobs` grouped by their sampling parameters (one generate call takes one set), each group
+    in the jobs' order."""
+    groups: dict[SamplingParams, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(job.params, []).append(job)
+    return groups
 
 
 class EpisodeOver(Exception):
@@ -257,10 +263,7 @@ class Lockstep(Batcher):
                 self.lock.acquire()  # before the round leaves the condition: `drain` waits for it
             try:
                 self.rounds += 1
-                groups: dict[SamplingParams, list[Job]] = {}
-                for job in jobs:
-                    groups.setdefault(job.params, []).append(job)
-                for params, group in groups.items():
+                for params, group in by_params(jobs).items():
                     per_call = max(1, self.max_rows // params.n)
                     for i in range(0, len(group), per_call):
                         self._serve(params, group[i:i + per_call])
